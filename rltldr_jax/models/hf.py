@@ -1,0 +1,260 @@
+"""HF safetensors ⇄ our parameters: `load_pretrained` and `save_pretrained`.
+
+Reads the released VLM layout (`model.language_model.*`, with `model.visual.*` and `mtp.*` skipped) or the
+text layout (`model.*`), through `model.safetensors.index.json` or a single `model.safetensors`. Writes the
+text layout of `Qwen3_5ForCausalLM`, which transformers and SGLang load.
+
+Name and layout mapping (layer i = block i // p, position i % p in the block pattern of length p):
+
+    model.embed_tokens.weight [V, d]                 embed_tokens.embedding [V, d]
+    model.layers.{i}.<...>.{proj}.weight [out, in]   blocks.layers.{i%p}.<...>.{proj}.kernel [n_blocks, in, out]
+    model.layers.{i}.linear_attn.conv1d.weight [C, 1, K]   blocks.layers.{i%p}.linear_attn.conv_weight [n_blocks, K, C]
+    model.layers.{i}.<...>.weight / A_log / dt_bias  blocks.layers.{i%p}.<...> [n_blocks, ...]
+    model.norm.weight                                norm.weight
+    lm_head.weight [V, d]                            lm_head.kernel [d, V]      (absent when tied)
+
+Norm weights are stored as they are (zero-centred norms keep the offset convention of the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from rltldr_jax.models.config import Qwen35Config
+from rltldr_jax.models.qwen3_5 import ModelSpec, Qwen35
+
+VLM_PREFIX = "model.language_model."
+SKIPPED_PREFIXES = ("model.visual.", "mtp.")
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+Path = tuple[str | int, ...]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the architecture: the message lists what is missing/unexpected/mis-shaped."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Name mapping
+# ----------------------------------------------------------------------------------------------------
+
+
+def _hf_suffix(path: Path) -> tuple[str, str]:
+    """Our parameter path (below a layer, or top level) → (HF name suffix, transform: plain | linear | conv)."""
+    *head, leaf = (str(p) for p in path)
+    if leaf == "kernel":
+        return ".".join([*head, "weight"]), "linear"
+    if leaf == "conv_weight":
+        return ".".join([*head, "conv1d", "weight"]), "conv"
+    if leaf == "embedding":
+        return ".".join([*head, "weight"]), "plain"
+    return ".".join([*head, leaf]), "plain"
+
+
+def hf_names(path: Path, config: Qwen35Config) -> tuple[list[str], str]:
+    """The HF tensor names of one of our parameters (one per block for stacked ones) and their transform."""
+    if path[:2] == ("blocks", "layers"):
+        pos = int(path[2])
+        suffix, transform = _hf_suffix(path[3:])
+        p = len(config.block_pattern)
+        return [f"model.layers.{b * p + pos}.{suffix}" for b in range(config.num_blocks)], transform
+    if path[0] == "lm_head":
+        return ["lm_head.weight"], "linear"
+    suffix, transform = _hf_suffix(path)
+    return [f"model.{suffix}"], transform
+
+
+def _to_ours(t: np.ndarray, transform: str) -> np.ndarray:
+    if transform == "linear":
+        return t.T
+    if transform == "conv":  # [C, 1, K] → [K, C]
+        return t[:, 0, :].T
+    return t
+
+
+def _to_hf(t: np.ndarray, transform: str) -> np.ndarray:
+    if transform == "linear":
+        return np.ascontiguousarray(t.T)
+    if transform == "conv":  # [K, C] → [C, 1, K]
+        return np.ascontiguousarray(t.T[:, None, :])
+    return np.ascontiguousarray(t)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------------
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """HF tensor name → file, from the index (any shard names) or the single file."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, SINGLE_FILE)
+    if os.path.isfile(single):
+        with safe_open(single, framework="numpy") as f:
+            return {name: single for name in f.keys()}
+    raise FileNotFoundError(f"no {INDEX_FILE} or {SINGLE_FILE} in {path!r}: not an HF safetensors checkpoint")
+
+
+def _text_name(name: str) -> str | None:
+    """VLM layout → text layout name; None for tensors the text model ignores (vision tower, MTP head)."""
+    if name.startswith(SKIPPED_PREFIXES):
+        return None
+    if name.startswith(VLM_PREFIX):
+        return "model." + name[len(VLM_PREFIX) :]
+    return name
+
+
+class _Reader:
+    """Reads tensors by (text-layout) name, keeping each file open once."""
+
+    def __init__(self, path: str):
+        self.files: dict[str, tuple[str, str]] = {}  # text name → (file, stored name)
+        for stored, file in _weight_files(path).items():
+            text = _text_name(stored)
+            if text is not None:
+                self.files[text] = (file, stored)
+        self._open: dict[str, object] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        file, stored = self.files[name]
+        if file not in self._open:
+            self._open[file] = safe_open(file, framework="numpy").__enter__()
+        return self._open[file].get_tensor(stored)
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.__exit__(None, None, None)
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype=None,
+    compute_dtype=jnp.float32,
+    remat: bool = False,
+) -> Qwen35:
+    """A Qwen 3.5 model with the weights of an HF checkpoint directory.
+
+    Args:
+      path: directory with config.json and model.safetensors(.index.json); VLM or text layout.
+      dtype: parameter dtype to cast to; None keeps each tensor's stored dtype (e.g. bf16 weights, fp32 A_log).
+      compute_dtype: activation dtype of the forward pass.
+      remat: rematerialise blocks in the backward pass.
+
+    Returns:
+      The model; called on int32 ids [B, T] it returns float32 logits [B, T, vocab].
+
+    Raises:
+      CheckpointError listing every missing, unexpected or mis-shaped tensor.
+    """
+    path = os.fspath(path)
+    config = Qwen35Config.from_pretrained(path)
+    abstract = ModelSpec(config, dtype=compute_dtype, param_dtype=dtype or jnp.float32, remat=remat).abstract()
+    graphdef, state = nnx.split(abstract)
+    reader = _Reader(path)
+    missing, misshaped, used = [], [], set()
+    leaves: dict[Path, np.ndarray] = {}
+    try:
+        for key, var in nnx.to_flat_state(state):
+            names, transform = hf_names(key, config)
+            absent = [n for n in names if n not in reader.files]
+            if absent:
+                missing += absent
+                continue
+            parts = [_to_ours(reader.get(n), transform) for n in names]
+            value = parts[0] if key[0] != "blocks" else np.stack(parts)
+            used.update(names)
+            if value.shape != var.shape:
+                misshaped.append(f"{names[0]}{' (and other layers)' if len(names) > 1 else ''}: checkpoint "
+                                 f"{tuple(parts[0].shape)} ≠ expected {tuple(var.shape if key[0] != 'blocks' else var.shape[1:])}")  # fmt: skip
+                continue
+            leaves[key] = value if dtype is None else value.astype(dtype)
+    finally:
+        reader.close()
+    unexpected = sorted(set(reader.files) - used - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing[:20])}{' …' if len(missing) > 20 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected[:20])}{' …' if len(unexpected) > 20 else ''}")
+    if misshaped:
+        problems.append("mis-shaped tensors: " + "; ".join(misshaped))
+    if problems:
+        raise CheckpointError(f"checkpoint {path!r} does not match its config.json: " + " | ".join(problems))
+    flat = [(key, jnp.asarray(leaves[key])) for key, _ in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------------
+
+
+def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF text-layout name, host array) for every tensor of the model, in a stable order.
+
+    Args:
+      dtype: cast to this dtype on the way out; None keeps each parameter's dtype.
+    """
+    config = model.config
+    for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        names, transform = hf_names(key, config)
+        value = np.asarray(jax.device_get(var[...]))
+        if dtype is not None:
+            value = value.astype(dtype)
+        if key[0] == "blocks":
+            for b, name in enumerate(names):
+                yield name, _to_hf(value[b], transform)
+        else:
+            yield names[0], _to_hf(value, transform)
+
+
+def save_pretrained(model: Qwen35, path: str | os.PathLike, *, dtype=None, max_shard_bytes: int = 5 * 2**30) -> None:
+    """Writes config.json and safetensors shards (+ index when more than one) in HF's text layout.
+
+    Args:
+      model: the model to save.
+      path: output directory (created).
+      dtype: tensor dtype to write; None keeps each parameter's dtype.
+      max_shard_bytes: shard size limit; tensors are never split.
+    """
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    total = 0
+    for name, tensor in hf_tensors(model, dtype):
+        if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += tensor.nbytes
+        total += tensor.nbytes
+    config = model.config.to_hf_dict()
+    config["dtype"] = str(np.dtype(dtype or next(iter(shards[0].values())).dtype))
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,45 @@
+"""Architecture presets: the Qwen 3.5 sizes and a tiny one for tests and CPU runs.
+
+Values from `shared/reference/qwen3_5.md` §1.2–1.3. Confirmation status:
+- 9B: confirmed against a fixture of the real config and the parameter count (8,953,803,264 text params).
+- 4B, 2B, 0.8B: from third-party ports, not read from the official config.json. Unconfirmed: whether 2B
+  and 4B tie their embeddings (taken as untied for 4B, tied for 2B like 0.8B, which is "reported" tied).
+Load a real checkpoint with `load_pretrained`, which reads its own config.json, to be independent of these.
+"""
+
+from __future__ import annotations
+
+from rltldr_jax.models.config import Qwen35Config
+
+PRESETS: dict[str, Qwen35Config] = {
+    "qwen3_5_9b": Qwen35Config(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
+        linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=False,
+    ),
+    "qwen3_5_4b": Qwen35Config(  # unconfirmed (third-party port); tie_word_embeddings unknown
+        hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
+        linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=False,
+    ),
+    "qwen3_5_2b": Qwen35Config(  # unconfirmed (third-party port); tie_word_embeddings unknown
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+        linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True,
+    ),
+    "qwen3_5_0_8b": Qwen35Config(  # unconfirmed (third-party port); tied embeddings reported
+        hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+        linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True,
+    ),
+    # Tiny random model for tests and the `:tiny` run: the real vocabulary (so the real tokenizer works), two
+    # blocks of (3 × DeltaNet, 1 × attention), GQA and grouped value heads, tied embeddings.
+    "tiny": Qwen35Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, tie_word_embeddings=True, max_position_embeddings=32768,
+    ),
+}  # fmt: skip
+
+
+def get_preset(name: str) -> Qwen35Config:
+    """The architecture `name` (a key of PRESETS); unknown names list the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,509 @@
+"""Qwen 3.5 (text) in Flax NNX, numerically matching transformers' `Qwen3_5ForCausalLM`.
+
+Architecture (shared/reference/qwen3_5.md §2): embeddings → `num_hidden_layers` pre-norm decoder layers, each
+a token mixer (Gated DeltaNet for `linear_attention`, gated GQA attention for `full_attention`) and a SwiGLU
+MLP → zero-centred RMSNorm → LM head (tied or not).
+
+Layout: the layers form `num_blocks` repetitions of `config.block_pattern` (3 × DeltaNet + 1 × attention).
+`Block` holds one repetition; the model stores the parameters of all blocks stacked on a leading axis and
+runs them with `lax.scan`, so compile time does not depend on depth. With `remat=True` each layer is
+rematerialised in the backward pass (only layer inputs are kept between the forward and backward pass).
+
+Numerics (fp32 islands, as HF): every RMSNorm; the DeltaNet decay g and the whole delta rule; attention
+scores and softmax; logprobs. RoPE cos/sin are computed in fp32 and cast to the activation dtype.
+
+Decoding: `init_decode_state` allocates a `DecodeState` (KV cache for attention layers; conv and recurrent
+state for DeltaNet layers; per-row lengths). Calling the model with a state appends the new tokens of each
+row at that row's length; a right-padded chunk is handled with `valid` (padding never enters any state).
+Prefill followed by one-token steps gives the logits of one full forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from rltldr_jax import sharding
+from rltldr_jax.models import gated_delta
+from rltldr_jax.models.config import FULL, Qwen35Config
+
+Array = jax.Array
+# Attention queries are processed in chunks of this many: scores are [B, H, chunk, S], not [B, H, T, S].
+ATTENTION_QUERY_CHUNK = 512
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decode state
+# ----------------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class AttentionCache:
+    """KV cache of one attention layer position, stacked over blocks: k, v [n_blocks, B, S, KV, D]."""
+
+    k: Array
+    v: Array
+
+
+@struct.dataclass
+class DeltaNetCache:
+    """State of one DeltaNet layer position, stacked over blocks.
+
+    conv: [n_blocks, B, K−1, conv_dim] the last K−1 inputs of the causal conv (pre-activation).
+    ssm: [n_blocks, B, Hv, Dk, Dv] float32 recurrent state of the delta rule.
+    """
+
+    conv: Array
+    ssm: Array
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything a decode step needs: one cache per position in the block pattern, and per-row lengths.
+
+    lengths: [B] int32, tokens already in the cache of each row (the next token's position).
+    """
+
+    lengths: Array
+    layers: tuple[AttentionCache | DeltaNetCache, ...]
+
+
+def init_decode_state(config: Qwen35Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> DecodeState:
+    """An empty state for `batch` rows of at most `max_len` tokens each (prompt + generation)."""
+    n = config.num_blocks
+    layers: list[AttentionCache | DeltaNetCache] = []
+    for kind in config.block_pattern:
+        if kind == FULL:
+            shape = (n, batch, max_len, config.num_key_value_heads, config.head_dim)
+            layers.append(AttentionCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+        else:
+            conv = jnp.zeros((n, batch, config.linear_conv_kernel_dim - 1, config.conv_dim), dtype)
+            ssm = jnp.zeros(
+                (n, batch, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim),
+                jnp.float32,
+            )
+            layers.append(DeltaNetCache(conv, ssm))
+    return DecodeState(jnp.zeros((batch,), jnp.int32), tuple(layers))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        din, dout, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
+    )  # fmt: skip
+
+
+class RMSNorm(nnx.Module):
+    """Zero-centred RMSNorm (`x̂ · (1 + w)`), computed in fp32 and cast back; w starts at 0."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.zeros((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        """x: [..., dim] → same shape and dtype."""
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (xf * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+    """DeltaNet's output norm: plain-weight RMSNorm (w starts at 1) times SiLU(gate), per value head."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array, gate: Array) -> Array:
+        """x, gate: [..., dim] → [..., dim] in x.dtype (HF casts back to the input dtype before the weight)."""
+        xf = x.astype(jnp.float32)
+        normed = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)).astype(x.dtype)
+        out = self.weight[...].astype(x.dtype) * normed
+        return (out.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) · up(x))."""
+
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = _linear(d, f, dtype, param_dtype, rngs)
+        self.up_proj = _linear(d, f, dtype, param_dtype, rngs)
+        self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
+
+    def __call__(self, x: Array) -> Array:
+        hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(sharding.constrain(hidden, ("batch", "length", "ffn")))
+
+
+def rope_cos_sin(positions: Array, rotary_dim: int, theta: float, dtype) -> tuple[Array, Array]:
+    """cos, sin: [B, T, rotary_dim] for integer positions [B, T] (fp32, then cast to `dtype`, as HF).
+
+    Qwen 3.5's M-RoPE reduces to 1-D RoPE for text (all three position rows are equal).
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotates the first `rotary_dim` dims of x [B, T, H, D] (rotate-half layout); the rest pass through."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return jnp.concatenate([rot * cos + rotated * sin, rest], axis=-1)
+
+
+def causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_QUERY_CHUNK) -> Array:
+    """Grouped-query attention where query i sees key j iff k_pos[j] <= q_pos[i].
+
+    Args:
+      q: [B, T, H, D]; k, v: [B, S, KV, D] with H % KV == 0 (query head h uses KV head h // (H/KV)).
+      q_pos: [B, T] positions of the queries; k_pos: [B, S] positions of the keys (a large value masks a key).
+      chunk: queries per step; scores [B, KV, H/KV, chunk, S] are the peak memory, in fp32.
+
+    Returns:
+      [B, T, H, D] in q.dtype.
+    """
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    g = h // kv
+    scale = d**-0.5
+
+    def attend(qc: Array, qpos: Array) -> Array:  # qc [B, c, H, D], qpos [B, c]
+        qg = qc.reshape(b, qc.shape[1], kv, g, d)
+        scores = jnp.einsum("bckgd,bskd->bkgcs", qg, k, preferred_element_type=jnp.float32) * scale
+        mask = k_pos[:, None, None, None, :] <= qpos[:, None, None, :, None]
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgcs,bskd->bckgd", probs, v, preferred_element_type=jnp.float32)
+        return out.reshape(b, qc.shape[1], h, d).astype(q.dtype)
+
+    if t <= chunk:
+        return attend(q, q_pos)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, d).swapaxes(0, 1)
+    pp = jnp.pad(q_pos, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+    out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs), (qp, pp))  # [n, B, c, H, D]
+    return out.swapaxes(0, 1).reshape(b, n * chunk, h, d)[:, :t]
+
+
+class Attention(nnx.Module):
+    """Gated full attention: q/gate from one projection (per head [q | gate]), q/k RMSNorm per head, partial
+    RoPE, GQA, output · sigmoid(gate) before o_proj."""
+
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.q_proj = _linear(c.hidden_size, c.num_attention_heads * c.head_dim * 2, dtype, param_dtype, rngs)
+        self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs)
+        self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs)
+        self.o_proj = _linear(c.num_attention_heads * c.head_dim, c.hidden_size, dtype, param_dtype, rngs)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
+
+    def __call__(
+        self, x: Array, positions: Array, cache: AttentionCache | None, lengths: Array | None
+    ) -> tuple[Array, AttentionCache | None]:
+        """x: [B, T, d]; positions: [B, T]. With a cache, the new keys go to slots lengths[b] + [0, T)."""
+        c = self.config
+        b, t, _ = x.shape
+        q_and_gate = self.q_proj(x).reshape(b, t, c.num_attention_heads, 2 * c.head_dim)
+        q, gate = q_and_gate[..., : c.head_dim], q_and_gate[..., c.head_dim :]
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
+        v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
+        heads = ("batch", "length", None, None)
+        q, k, v = (sharding.constrain(t, heads) for t in (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
+
+        if cache is None:
+            out = causal_attention(q, k, v, positions, positions)
+            new_cache = None
+        else:
+            write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0))
+            k_all = write(cache.k, k.astype(cache.k.dtype), lengths)
+            v_all = write(cache.v, v.astype(cache.v.dtype), lengths)
+            slots = jnp.broadcast_to(jnp.arange(k_all.shape[1], dtype=jnp.int32), (b, k_all.shape[1]))
+            out = causal_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots)
+            new_cache = AttentionCache(k_all, v_all)
+        out = out.reshape(b, t, -1) * jax.nn.sigmoid(gate.reshape(b, t, -1))
+        return self.o_proj(out), new_cache
+
+
+class GatedDeltaNet(nnx.Module):
+    """Gated DeltaNet token mixer (linear attention with a gated delta-rule state)."""
+
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.in_proj_qkv = _linear(c.hidden_size, c.conv_dim, dtype, param_dtype, rngs)
+        self.in_proj_z = _linear(c.hidden_size, c.linear_value_dim, dtype, param_dtype, rngs)
+        self.in_proj_b = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs)
+        self.in_proj_a = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs)
+        kernel = c.linear_conv_kernel_dim
+        bound = kernel**-0.5  # torch's default depthwise Conv1d init: U(±1/sqrt(fan_in)), fan_in = kernel
+        self.conv_weight = nnx.Param(
+            jax.random.uniform(rngs.params(), (kernel, c.conv_dim), param_dtype, -bound, bound)
+        )  # [K, conv_dim]; HF conv1d.weight [conv_dim, 1, K]
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (c.linear_num_value_heads,), jnp.float32, 0.01, 16.0)).astype(param_dtype))
+        self.dt_bias = nnx.Param(jnp.ones((c.linear_num_value_heads,), param_dtype))
+        self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps, param_dtype)
+        self.out_proj = _linear(c.linear_value_dim, c.hidden_size, dtype, param_dtype, rngs)
+        self.dtype = dtype
+
+    def __call__(self, x: Array, cache: DeltaNetCache | None, valid: Array | None) -> tuple[Array, DeltaNetCache | None]:
+        """x: [B, T, d]. valid: [B, T] bool (right padding) or None; padded tokens leave the state unchanged."""
+        c = self.config
+        b, t, _ = x.shape
+        k_size = c.linear_conv_kernel_dim
+        mixed = self.in_proj_qkv(x)  # [B, T, conv_dim]
+        z = self.in_proj_z(x).reshape(b, t, c.linear_num_value_heads, c.linear_value_head_dim)
+        beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
+        a = self.in_proj_a(x).astype(jnp.float32)
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
+
+        # Causal depthwise conv over [previous K−1 inputs | new inputs], then SiLU.
+        past = jnp.zeros((b, k_size - 1, c.conv_dim), mixed.dtype) if cache is None else cache.conv.astype(mixed.dtype)
+        padded = jnp.concatenate([past, mixed], axis=1)  # [B, K−1+T, C]
+        w = self.conv_weight[...].astype(mixed.dtype)
+        conv = sum(padded[:, j : j + t] * w[j] for j in range(k_size))
+        conv = jax.nn.silu(conv)
+        q, k, v = jnp.split(conv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
+        q = q.reshape(b, t, c.linear_num_key_heads, c.linear_key_head_dim)
+        k = k.reshape(b, t, c.linear_num_key_heads, c.linear_key_head_dim)
+        v = v.reshape(b, t, c.linear_num_value_heads, c.linear_value_head_dim)
+
+        if valid is not None:  # padding: no decay (g = 0), no write (β = 0)
+            g = jnp.where(valid[..., None], g, 0.0)
+            beta = jnp.where(valid[..., None], beta, 0.0)
+        heads = ("batch", "length", None, None)
+        q, k, v = (sharding.constrain(t, heads) for t in (q, k, v))
+        g, beta = (sharding.constrain(t, heads[:3]) for t in (g, beta))
+        initial = None if cache is None else cache.ssm
+        rule = gated_delta.recurrent_gated_delta_rule if t == 1 else gated_delta.chunk_gated_delta_rule
+        o, state = rule(q, k, v, g, beta, initial_state=initial)
+
+        new_cache = None
+        if cache is not None:
+            n_new = jnp.full((b,), t, jnp.int32) if valid is None else valid.sum(axis=1).astype(jnp.int32)
+            take = jax.vmap(lambda seq, start: jax.lax.dynamic_slice_in_dim(seq, start, k_size - 1, axis=0))
+            new_cache = DeltaNetCache(take(padded, n_new).astype(cache.conv.dtype), state)
+        o = self.norm(o, z)  # per value head
+        return self.out_proj(o.reshape(b, t, c.linear_value_dim)), new_cache
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual layer: h = x + mixer(norm(x)); y = h + mlp(norm(h))."""
+
+    def __init__(self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs):
+        self.kind = kind
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+        if kind == FULL:
+            self.self_attn = Attention(config, dtype, param_dtype, rngs)
+        else:
+            self.linear_attn = GatedDeltaNet(config, dtype, param_dtype, rngs)
+        self.mlp = MLP(config, dtype, param_dtype, rngs)
+
+    def __call__(self, x, positions, cache, lengths, valid):
+        h = self.input_layernorm(x)
+        if self.kind == FULL:
+            h, cache = self.self_attn(h, positions, cache, lengths)
+        else:
+            h, cache = self.linear_attn(h, cache, valid)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class Block(nnx.Module):
+    """One repetition of the layer pattern (Qwen 3.5: 3 × DeltaNet then 1 × attention)."""
+
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+        self.layers = nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs) for kind in config.block_pattern])
+
+    def __call__(self, x, positions, caches, lengths, valid, remat: bool = False):
+        """Runs the layers in order; with `remat`, each layer's activations are recomputed in the backward pass
+        (only the layer inputs are kept), which bounds activation memory by one layer's intermediates."""
+        new_caches = []
+        for layer, cache in zip(self.layers, caches):
+            if remat:
+                graphdef, state = nnx.split(layer)
+
+                def run(state, x, cache, graphdef=graphdef):
+                    return nnx.merge(graphdef, state)(x, positions, cache, lengths, valid)
+
+                x, cache = jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)(state, x, cache)
+            else:
+                x, cache = layer(x, positions, cache, lengths, valid)
+            new_caches.append(cache)
+        return x, tuple(new_caches)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------
+
+
+class Qwen35(nnx.Module):
+    """Qwen 3.5 causal LM.
+
+    Args:
+      config: architecture.
+      dtype: compute dtype (float32 or bfloat16); fp32 islands as described in the module docstring.
+      param_dtype: dtype of freshly initialised parameters (loaded ones keep their own, see `hf.py`).
+      remat: rematerialise each block in the backward pass.
+      rngs: parameter initialisation.
+    """
+
+    def __init__(self, config: Qwen35Config, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+        self.config = config
+        self.dtype = dtype
+        self.remat = remat
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
+            embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
+        )  # fmt: skip
+        # One Block per repetition, created one by one (so each gets its own random init), then stacked.
+        blocks = [Block(config, dtype, param_dtype, rngs) for _ in range(config.num_blocks)]
+        graphdef, *_ = nnx.split(blocks[0])
+        states = [nnx.state(blk) for blk in blocks]
+        self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+        self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, dtype, param_dtype, rngs)
+
+    # -- trunk ------------------------------------------------------------------------------------------
+
+    def hidden_states(
+        self, ids: Array, *, positions: Array | None = None, state: DecodeState | None = None, valid: Array | None = None
+    ) -> tuple[Array, DecodeState | None]:
+        """Final-norm hidden states [B, T, d] and, with a decode state, the updated state.
+
+        Args:
+          ids: [B, T] int token ids.
+          positions: [B, T] positions; default arange(T), or lengths[b] + arange(T) with a state.
+          state: a `DecodeState` to continue from (prefill, chunked prefill, decode) or None (full forward).
+          valid: [B, T] bool, only with a state: False marks right padding of rows with fewer new tokens.
+        """
+        b, t = ids.shape
+        if state is not None:
+            lengths = state.lengths
+            if positions is None:
+                positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
+        else:
+            if valid is not None:
+                raise ValueError("`valid` (right padding) needs a decode state; a full forward is causal already")
+            lengths = None
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        act = ("batch", "length", "act_embed")  # data-parallel activations (a no-op without an active mesh)
+        x = sharding.constrain(self.embed_tokens(ids), act)
+
+        graphdef, params = nnx.split(self.blocks)
+
+        def body(h, xs):
+            block_params, caches = xs
+            block = nnx.merge(graphdef, block_params)
+            h, caches = block(h, positions, caches, lengths, valid, remat=self.remat)
+            return sharding.constrain(h, act), caches
+        caches = state.layers if state is not None else tuple(None for _ in self.config.block_pattern)
+        x, new_caches = jax.lax.scan(body, x, (params, caches))
+        x = self.norm(x)
+        if state is None:
+            return x, None
+        n_new = jnp.full((b,), t, jnp.int32) if valid is None else valid.sum(axis=1).astype(jnp.int32)
+        return x, DecodeState(lengths + n_new, new_caches)
+
+    # -- heads ------------------------------------------------------------------------------------------
+
+    def _head_kernel(self) -> Array:
+        """[d, V] output projection (the transposed embedding when tied)."""
+        if self.lm_head is None:
+            return self.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, h: Array) -> Array:
+        """[B, T, d] hidden states → [B, T, V] float32 logits."""
+        w = self._head_kernel().astype(self.dtype)
+        return jnp.einsum("btd,dv->btv", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
+
+    def __call__(self, ids: Array, *, positions: Array | None = None, state: DecodeState | None = None, valid: Array | None = None):
+        """Logits [B, T, V] (float32); with a decode state, (logits, new_state)."""
+        h, new_state = self.hidden_states(ids, positions=positions, state=state, valid=valid)
+        return self.logits(h) if state is None else (self.logits(h), new_state)
+
+    def token_logprobs(self, h: Array, targets: Array, *, chunk: int = 1024) -> tuple[Array, Array]:
+        """log π(targets) and the entropy of π at each position, without materialising [B, T, V] logits.
+
+        Args:
+          h: [B, T, d] hidden states (position t predicts token t+1).
+          targets: [B, T] ids whose log-probabilities are wanted at each position.
+          chunk: positions per step; peak memory is [B, chunk, V] float32.
+
+        Returns:
+          (logprobs [B, T] float32, entropy [B, T] float32).
+        """
+        b, t, d = h.shape
+        n = -(-t // chunk)
+        pad = n * chunk - t
+        hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
+        tp = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+
+        @jax.checkpoint
+        def one(xs):
+            hc, tc = xs
+            logits = self.logits(hc)  # [B, c, V] fp32
+            logz = jax.nn.logsumexp(logits, axis=-1)
+            picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+            probs = jnp.exp(logits - logz[..., None])
+            entropy = logz - jnp.sum(probs * logits, axis=-1)
+            return picked - logz, entropy
+
+        lp, ent = jax.lax.map(one, (hp, tp))
+        unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]  # noqa: E731
+        return unchunk(lp), unchunk(ent)
+
+
+def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024) -> tuple[Array, Array]:
+    """Teacher-forced log π(ids[t] | ids[:t]) for every position (0 at t = 0), and the entropy there.
+
+    Aligned with `tokenization.Context` masks: `logprobs[b, t]` is the logprob of token t.
+
+    Args:
+      ids: [B, T] int token ids.
+    Returns:
+      (logprobs [B, T], entropy [B, T]) float32; entropy[b, t] is that of the distribution over token t.
+    """
+    h, _ = model.hidden_states(ids)
+    lp, ent = model.token_logprobs(h[:, :-1], ids[:, 1:], chunk=chunk)
+    return jnp.pad(lp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How to build a model: architecture, dtypes, remat (what `configs/base.py`'s `model.*` fields map to)."""
+
+    config: Qwen35Config
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+
+    def build(self, seed: int = 0) -> Qwen35:
+        return Qwen35(self.config, dtype=self.dtype, param_dtype=self.param_dtype, remat=self.remat, rngs=nnx.Rngs(seed))
+
+    def abstract(self) -> Qwen35:
+        """The model with ShapeDtypeStruct leaves: no memory, for AOT compilation and sharded loading."""
+        return nnx.eval_shape(lambda: self.build())

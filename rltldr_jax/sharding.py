@@ -1,0 +1,177 @@
+"""Device mesh, logical-axis rules and multi-host start-up.
+
+The mesh has three axes:
+- `data`: pure data parallelism (parameters replicated);
+- `fsdp`: data parallelism with parameters and optimizer state sharded along their `embed` dimension
+  (ZeRO-3 style; XLA all-gathers each block's weights inside the scan);
+- `tensor`: tensor parallelism of the wide dimensions (MLP hidden, attention heads, vocabulary).
+
+Every parameter gets *logical* axis names from its path (`param_logical_axes`); `LOGICAL_RULES` maps logical
+names to mesh axes. A dimension that the mesh axis size does not divide is left unsharded, so tiny test
+models run on any mesh. Activations are constrained with `constrain(x, logical_axes)`, a no-op unless a
+mesh is active (`with activate(mesh):`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+from collections.abc import Iterator, Sequence
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXES = ("data", "fsdp", "tensor")
+
+#: logical axis → mesh axis (or axes). Unlisted logical names are replicated.
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),  # activations: the batch is split over all data-parallel devices
+    "length": None,
+    "embed": "fsdp",  # parameters: FSDP shards the model dimension
+    "act_embed": None,  # activations keep the model dimension whole
+    "ffn": "tensor",  # MLP hidden, attention/DeltaNet head dims: tensor parallel
+    "vocab": "tensor",
+    "layers": None,  # the stacked-blocks axis is scanned over, never sharded
+}
+
+# (regex on "a.b.c" parameter path, logical axes of the *unstacked* parameter), first match wins.
+PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"embed_tokens\.embedding$", ("vocab", "embed")),
+    (r"lm_head\.kernel$", ("embed", "vocab")),
+    (r"(o_proj|out_proj|down_proj)\.kernel$", ("ffn", "embed")),
+    (r"(in_proj_a|in_proj_b)\.kernel$", ("embed", None)),
+    (r"(q_proj|k_proj|v_proj|in_proj_qkv|in_proj_z|gate_proj|up_proj)\.kernel$", ("embed", "ffn")),
+    (r"conv_weight$", (None, "ffn")),
+    (r".*", ()),  # norms, A_log, dt_bias: small, replicated
+)
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all); one size may be -1 for "the rest"."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh sizes {dict(zip(AXES, sizes))}: positive, with at most one -1")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"{len(devices)} devices are not divisible by the fixed mesh axes {dict(zip(AXES, sizes))}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, have {len(devices)}")
+    return Mesh(np.array(devices).reshape(sizes), AXES)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for an array of `shape` with these logical axes; indivisible dimensions stay whole."""
+    spec = []
+    for name, dim in zip(logical, shape):
+        axes = LOGICAL_RULES.get(name) if name else None
+        if axes is None:
+            spec.append(None)
+            continue
+        axes_t = (axes,) if isinstance(axes, str) else tuple(axes)
+        size = int(np.prod([mesh.shape[a] for a in axes_t]))
+        spec.append((axes_t[0] if len(axes_t) == 1 else axes_t) if size > 1 and dim % size == 0 else None)
+    return PartitionSpec(*spec)
+
+
+def param_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of a parameter from its dotted path; stacked block parameters get a leading "layers"."""
+    stacked = path.startswith("blocks.")
+    for pattern, axes in PARAM_RULES:
+        if re.search(pattern, path):
+            base = axes if axes else (None,) * (ndim - stacked)
+            return (("layers",) if stacked else ()) + tuple(base)
+    raise AssertionError("the catch-all rule matches every path")
+
+
+def param_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
+    """NamedSharding for every leaf of a model's state (same structure), by `param_logical_axes`."""
+
+    def one(path, leaf):
+        # Keep dict/sequence keys ("blocks.layers.0.mlp.up_proj.kernel"), not the Variable's ".value".
+        name = ".".join(str(p.key if hasattr(p, "key") else p.idx) for p in path if not hasattr(p, "name"))
+        shape = np.shape(leaf)
+        return NamedSharding(mesh, logical_to_spec(param_logical_axes(name, len(shape)), shape, mesh))
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def optimizer_shardings(tx: optax.GradientTransformation, opt_state, params_sharding, mesh: Mesh):
+    """Shardings of an optax state: parameter-shaped parts follow the parameters, the rest is replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        opt_state,
+        params_sharding,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """The model with every parameter placed on the mesh by the rules (a new module; the old is untouched)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, param_shardings(state, mesh)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Activations
+# ----------------------------------------------------------------------------------------------------
+
+_ACTIVE_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("rltldr_active_mesh", default=None)
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh) -> Iterator[Mesh]:
+    """Within this context (around tracing), `constrain` places activations on `mesh`."""
+    token = _ACTIVE_MESH.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _ACTIVE_MESH.reset(token)
+
+
+def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+    """`with_sharding_constraint` by logical axes under an active mesh; identity otherwise."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical, x.shape, mesh)))
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Sharding of a [batch, ...] input array: batch over (data, fsdp), the rest whole."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-host
+# ----------------------------------------------------------------------------------------------------
+
+
+def initialize_distributed() -> None:
+    """Joins a multi-host job (one process per host) when the environment describes one.
+
+    Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and
+    JAX_PROCESS_ID) or when a cluster it detects itself is present (SLURM, Open MPI, Cloud TPU). On a single
+    host it does nothing. Must run before any other JAX call.
+    """
+    cluster_envs = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
+    if not any(os.environ.get(k) for k in cluster_envs):
+        return
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(
+            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+            process_id=int(os.environ["JAX_PROCESS_ID"]),
+        )
+    else:
+        jax.distributed.initialize()

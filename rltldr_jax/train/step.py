@@ -1,0 +1,124 @@
+"""One optimizer step of RLTL;DR: gradient accumulation over micro-batches of L_GRPO + λ·L_SFT.
+
+Pure functions over (graphdef, params, opt_state), so the step can be jitted with explicit shardings and
+AOT-compiled from abstract shapes (benchmarks/plan_memory.py). The token counts of both loss terms are summed
+over the *whole* step batch before the first micro-batch, so accumulation and data parallelism give exactly
+the full-batch loss and gradient (see losses.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from rltldr_jax.losses import grpo_loss, insight_sft_loss, rltldr_loss, safe_divide
+from rltldr_jax.models.qwen3_5 import sequence_logprobs
+
+
+@struct.dataclass
+class TrainBatch:
+    """The examples of one optimizer step, as A micro-batches of M rows of T tokens (one example = one step).
+
+    ids: [A, M, T] int32 context + current step ids (right-padded).
+    old_logprobs: [A, M, T] float32 logprobs of the sampled tokens under the sampling policy.
+    advantages: [A, M] float32 per-example advantage.
+    action_mask: [A, M, T] bool, GRPO targets (tokens sampled in the example's step).
+    insight_mask: [A, M, T] bool, SFT targets (insight sentences).
+    """
+
+    ids: jax.Array
+    old_logprobs: jax.Array
+    advantages: jax.Array
+    action_mask: jax.Array
+    insight_mask: jax.Array
+
+
+@struct.dataclass
+class LossConfig:
+    """The coefficients of the objective (static under jit)."""
+
+    lam: float = struct.field(pytree_node=False, default=0.5)
+    grpo_coef: float = struct.field(pytree_node=False, default=1.0)
+    clip_eps: float = struct.field(pytree_node=False, default=0.2)
+    logprob_chunk: int = struct.field(pytree_node=False, default=1024)
+
+
+def make_optimizer(
+    learning_rate: float, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+    grad_clip_norm: float = 1.0,
+) -> optax.GradientTransformation:
+    """AdamW after global-norm clipping (Fig. 4: the clip at 1 fires on nearly every update)."""  # fmt: skip
+    clip = optax.clip_by_global_norm(grad_clip_norm) if grad_clip_norm > 0 else optax.identity()
+    return optax.chain(clip, optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+
+
+def _micro_loss(params, graphdef, mb: dict[str, jax.Array], grpo_count, sft_count, loss_cfg: LossConfig):
+    model = nnx.merge(graphdef, params)
+    lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk)
+    grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps)
+    sft = insight_sft_loss(lp, mb["insight_mask"])
+    loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef)
+    aux = {
+        "grpo_sum": grpo.loss_sum,
+        "clipped": grpo.clipped,
+        "ratio_sum": grpo.ratio_sum,
+        "sft_sum": sft.loss_sum,
+        "entropy_sum": jnp.sum(entropy * mb["action_mask"]),
+        "trainer_logprob_sum": jnp.sum(lp * mb["action_mask"]),
+        "sampler_logprob_sum": jnp.sum(mb["old_logprobs"] * mb["action_mask"]),
+    }
+    return loss, aux
+
+
+def train_step(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    opt_state: Any,
+    batch: TrainBatch,
+    *,
+    tx: optax.GradientTransformation,
+    loss_cfg: LossConfig,
+) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """Accumulates gradients over the A micro-batches of `batch`, then applies one optimizer update.
+
+    Returns:
+      (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
+      entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap.
+    """
+    grpo_count = jnp.sum(batch.action_mask).astype(jnp.float32)
+    sft_count = jnp.sum(batch.insight_mask).astype(jnp.float32)
+    grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+
+    def accumulate(carry, mb):
+        grads, loss, aux = carry
+        (l, a), g = grad_fn(params, graphdef, mb, grpo_count, sft_count, loss_cfg)
+        return (jax.tree.map(jnp.add, grads, g), loss + l, jax.tree.map(jnp.add, aux, a)), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    aux0 = {k: jnp.float32(0) for k in ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "entropy_sum",
+                                         "trainer_logprob_sum", "sampler_logprob_sum")}  # fmt: skip
+    micro = {
+        "ids": batch.ids, "old_logprobs": batch.old_logprobs, "advantages": batch.advantages,
+        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask,
+    }  # fmt: skip
+    (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = {
+        "loss": loss,
+        "grpo_loss": safe_divide(aux["grpo_sum"], grpo_count),
+        "sft_nll": safe_divide(aux["sft_sum"], sft_count),
+        "clip_fraction": safe_divide(aux["clipped"], grpo_count),
+        "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
+        "entropy": safe_divide(aux["entropy_sum"], grpo_count),
+        "logprob_gap": safe_divide(aux["trainer_logprob_sum"] - aux["sampler_logprob_sum"], grpo_count),
+        "grad_norm": optax.global_norm(grads),
+        "grpo_tokens": grpo_count,
+        "sft_tokens": sft_count,
+    }
+    return params, opt_state, metrics
