@@ -11,7 +11,6 @@ sum(o * w) with respect to q, k, v, g and beta) times with the ratio torch / our
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 
 import jax
@@ -19,23 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rltldr_jax.models.gated_delta import chunk_gated_delta_rule
+from timing import best_of
 
 # (B, T, Hk, Hv, D): a long prefill of a small layer, and a batch of shorter ones with Qwen 3.5's 16 / 32 heads.
 SHAPES = [(1, 2048, 4, 8, 128), (4, 512, 16, 32, 128)]
-
-
-def _best_of(fns: list[Callable[[], object]], repeat: int) -> list[float]:
-    """Best wall time of each function over `repeat` rounds, the functions taking turns within each round (so that
-    a change in the machine's load hits all of them alike), after one warm-up call each."""
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
 
 
 def _inputs(rng: np.random.Generator, batch: int, length: int, k_heads: int, v_heads: int, dim: int):
@@ -93,10 +79,10 @@ def main() -> None:
             for a, b in zip(grads, grads_ref)
         )
 
-        ours, theirs = _best_of(
+        ours, theirs = best_of(
             [lambda: jax.block_until_ready(forward(q, k, v, g, beta, initial_state=state)), torch_forward], repeat=10
         )
-        ours_grad, theirs_grad = _best_of(
+        ours_grad, theirs_grad = best_of(
             [lambda: jax.block_until_ready(gradients(*ours_in)), torch_gradients], repeat=5
         )
         print(

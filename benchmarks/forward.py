@@ -10,7 +10,6 @@ the script prints the time of each, their ratio (torch / ours; > 1 means ours is
 from __future__ import annotations
 
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -18,17 +17,9 @@ import torch
 import transformers
 
 from rltldr_jax.models import load_pretrained
+from timing import best_of
 
 SHAPES = [(1, 1024), (4, 512), (1, 4096)]  # (batch, tokens)
-
-
-def best_of(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -52,9 +43,8 @@ def main() -> None:
         x = torch.from_numpy(ids.astype(np.int64))
         with torch.no_grad():
             ref = hf(x).logits.numpy()
-            hf_s = best_of(lambda: hf(x))
-        got = np.asarray(forward(ours, ids))  # compiles
-        ours_s = best_of(lambda: forward(ours, ids).block_until_ready())
+            got = np.asarray(forward(ours, ids))  # compiles
+            hf_s, ours_s = best_of([lambda: hf(x), lambda: forward(ours, ids).block_until_ready()], repeat=3)
         print(f"B={b} T={t}: transformers {hf_s * 1e3:.0f} ms, ours {ours_s * 1e3:.0f} ms, "
               f"ratio {hf_s / ours_s:.2f}x, max |Δ logits| {np.abs(got - ref).max():.1e}")  # fmt: skip
 

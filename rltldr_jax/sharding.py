@@ -82,12 +82,13 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
 
 
 def param_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
-    """Logical axes of a parameter from its dotted path; stacked block parameters get a leading "layers"."""
-    stacked = path.startswith("blocks.")
+    """Logical axes of a parameter from its dotted path; stacked block parameters ([n_blocks, run, ...]) get two
+    leading "layers" axes."""
+    stacked = 2 if path.startswith("blocks.") else 0
     for pattern, axes in PARAM_RULES:
         if re.search(pattern, path):
             base = axes if axes else (None,) * (ndim - stacked)
-            return (("layers",) if stacked else ()) + tuple(base)
+            return ("layers",) * stacked + tuple(base)
     raise AssertionError("the catch-all rule matches every path")
 
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from rltldr_jax.models import Qwen35Config, get_preset, init_decode_state, load_pretrained, save_pretrained
@@ -184,8 +185,6 @@ def test_sequence_logprobs_and_entropy(ours, ids, full_logits):
 
 
 def test_remat_gives_the_same_gradients(hf_checkpoint, ids):
-    from flax import nnx
-
     x = ids[:, :48]
 
     @nnx.jit
@@ -241,6 +240,7 @@ def test_config_from_hf_and_presets():
     vlm = {"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 4096, "rope_parameters": {"rope_theta": 1e7}}}
     c = Qwen35Config.from_hf_dict(vlm)
     assert c.block_pattern == ("linear_attention",) * 3 + ("full_attention",) and c.num_blocks == 8
+    assert c.block_runs == (("linear_attention", 3), ("full_attention", 1))
     assert c.rotary_dim == 64 and c.conv_dim == 8192
     assert get_preset("qwen3_5_9b").num_params() == 8_953_803_264  # the reference's meta-device count
     hf_count = sum(p.numel() for p in transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**HF_TINY)).parameters())
@@ -249,3 +249,18 @@ def test_config_from_hf_and_presets():
         Qwen35Config.from_hf_dict({"model_type": "qwen3_5_text"})
     with pytest.raises(ValueError, match="unknown model preset"):
         get_preset("qwen3_5_70b")
+
+
+def test_program_size_does_not_grow_with_depth():
+    """Blocks and runs are scanned: 32 layers lower to the same program as 8 (only array shapes differ)."""
+    import dataclasses
+
+    from rltldr_jax.models import ModelSpec
+
+    def hlo_ops(layers: int) -> int:
+        config = dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=layers, layer_types=())
+        graphdef, params = nnx.split(ModelSpec(config).abstract())
+        lowered = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)).lower(params, jax.ShapeDtypeStruct((1, 16), jnp.int32))
+        return sum(1 for line in lowered.as_text().splitlines() if "=" in line)
+
+    assert hlo_ops(32) == hlo_ops(8)

@@ -21,9 +21,10 @@ def test_logical_axes_of_the_9b_parameters():
     axes = {name: sharding.param_logical_axes(name, len(v.shape)) for name, v in flat.items()}
     assert axes["embed_tokens.embedding"] == ("vocab", "embed")
     assert axes["lm_head.kernel"] == ("embed", "vocab")
-    assert axes["blocks.layers.0.mlp.down_proj.kernel"] == ("layers", "ffn", "embed")
-    assert axes["blocks.layers.3.self_attn.q_proj.kernel"] == ("layers", "embed", "ffn")
-    assert axes["blocks.layers.0.linear_attn.A_log"] == ("layers", None)
+    assert axes["blocks.runs.0.mlp.down_proj.kernel"] == ("layers", "layers", "ffn", "embed")
+    assert axes["blocks.runs.1.self_attn.q_proj.kernel"] == ("layers", "layers", "embed", "ffn")
+    assert axes["blocks.runs.0.linear_attn.A_log"] == ("layers", "layers", None)
+    assert flat["blocks.runs.0.mlp.down_proj.kernel"].shape == (8, 3, 12288, 4096)
     assert all(len(axes[n]) == len(v.shape) for n, v in flat.items())
 
 

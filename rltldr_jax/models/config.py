@@ -94,6 +94,21 @@ class Qwen35Config:
         return self.layer_types  # unreachable: period n always matches
 
     @property
+    def block_runs(self) -> tuple[tuple[str, int], ...]:
+        """The block pattern as runs of one layer type: ((linear_attention, 3), (full_attention, 1)) for Qwen 3.5.
+
+        Each run's layers share one structure, so their parameters are stacked and scanned too: in the backward
+        pass only one layer's intermediates are alive at a time.
+        """
+        runs: list[tuple[str, int]] = []
+        for kind in self.block_pattern:
+            if runs and runs[-1][0] == kind:
+                runs[-1] = (kind, runs[-1][1] + 1)
+            else:
+                runs.append((kind, 1))
+        return tuple(runs)
+
+    @property
     def num_blocks(self) -> int:
         return self.num_hidden_layers // len(self.block_pattern)
 

@@ -4,12 +4,13 @@ Reads the released VLM layout (`model.language_model.*`, with `model.visual.*` a
 text layout (`model.*`), through `model.safetensors.index.json` or a single `model.safetensors`. Writes the
 text layout of `Qwen3_5ForCausalLM`, which transformers and SGLang load.
 
-Name and layout mapping (layer i = block i // p, position i % p in the block pattern of length p):
+Name and layout mapping. Layer i = p·b + start(r) + j: block b (of `num_blocks`), run r of the block pattern
+(length p; runs of one layer type, `config.block_runs`), layer j within the run:
 
     model.embed_tokens.weight [V, d]                 embed_tokens.embedding [V, d]
-    model.layers.{i}.<...>.{proj}.weight [out, in]   blocks.layers.{i%p}.<...>.{proj}.kernel [n_blocks, in, out]
-    model.layers.{i}.linear_attn.conv1d.weight [C, 1, K]   blocks.layers.{i%p}.linear_attn.conv_weight [n_blocks, K, C]
-    model.layers.{i}.<...>.weight / A_log / dt_bias  blocks.layers.{i%p}.<...> [n_blocks, ...]
+    model.layers.{i}.<...>.{proj}.weight [out, in]   blocks.runs.{r}.<...>.{proj}.kernel [n_blocks, run, in, out]
+    model.layers.{i}.linear_attn.conv1d.weight [C, 1, K]   blocks.runs.{r}.linear_attn.conv_weight [n_blocks, run, K, C]
+    model.layers.{i}.<...>.weight / A_log / dt_bias  blocks.runs.{r}.<...> [n_blocks, run, ...]
     model.norm.weight                                norm.weight
     lm_head.weight [V, d]                            lm_head.kernel [d, V]      (absent when tied)
 
@@ -61,13 +62,18 @@ def _hf_suffix(path: Path) -> tuple[str, str]:
     return ".".join([*head, leaf]), "plain"
 
 
-def hf_names(path: Path, config: Qwen35Config) -> tuple[list[str], str]:
-    """The HF tensor names of one of our parameters (one per block for stacked ones) and their transform."""
-    if path[:2] == ("blocks", "layers"):
-        pos = int(path[2])
+def hf_names(path: Path, config: Qwen35Config) -> tuple[list[list[str]] | list[str], str]:
+    """The HF tensor names of one of our parameters and their transform.
+
+    Stacked block parameters get a [n_blocks][run_length] nested list of names; others a single-name list.
+    """
+    if path[:2] == ("blocks", "runs"):
+        r = int(path[2])
         suffix, transform = _hf_suffix(path[3:])
         p = len(config.block_pattern)
-        return [f"model.layers.{b * p + pos}.{suffix}" for b in range(config.num_blocks)], transform
+        start = sum(n for _, n in config.block_runs[:r])
+        run = config.block_runs[r][1]
+        return [[f"model.layers.{b * p + start + j}.{suffix}" for j in range(run)] for b in range(config.num_blocks)], transform
     if path[0] == "lm_head":
         return ["lm_head.weight"], "linear"
     suffix, transform = _hf_suffix(path)
@@ -171,16 +177,22 @@ def load_pretrained(
     try:
         for key, var in nnx.to_flat_state(state):
             names, transform = hf_names(key, config)
-            absent = [n for n in names if n not in reader.files]
+            stacked = key[0] == "blocks"
+            flat_names = [n for per_block in names for n in per_block] if stacked else names
+            absent = [n for n in flat_names if n not in reader.files]
+            used.update(n for n in flat_names if n in reader.files)  # expected names are never "unexpected"
             if absent:
                 missing += absent
                 continue
-            parts = [_to_ours(reader.get(n), transform) for n in names]
-            value = parts[0] if key[0] != "blocks" else np.stack(parts)
-            used.update(names)
+            if stacked:
+                value = np.stack([np.stack([_to_ours(reader.get(n), transform) for n in per_block]) for per_block in names])
+            else:
+                value = _to_ours(reader.get(names[0]), transform)
             if value.shape != var.shape:
-                misshaped.append(f"{names[0]}{' (and other layers)' if len(names) > 1 else ''}: checkpoint "
-                                 f"{tuple(parts[0].shape)} ≠ expected {tuple(var.shape if key[0] != 'blocks' else var.shape[1:])}")  # fmt: skip
+                one = value.shape[2:] if stacked else value.shape
+                expected = var.shape[2:] if stacked else var.shape
+                misshaped.append(f"{flat_names[0]}{' (and other layers)' if stacked else ''}: checkpoint "
+                                 f"{tuple(one)} ≠ expected {tuple(expected)}")  # fmt: skip
                 continue
             leaves[key] = value if dtype is None else value.astype(dtype)
     finally:
@@ -217,8 +229,9 @@ def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
         if dtype is not None:
             value = value.astype(dtype)
         if key[0] == "blocks":
-            for b, name in enumerate(names):
-                yield name, _to_hf(value[b], transform)
+            for b, per_block in enumerate(names):
+                for j, name in enumerate(per_block):
+                    yield name, _to_hf(value[b, j], transform)
         else:
             yield names[0], _to_hf(value, transform)
 

@@ -4,10 +4,11 @@ Architecture (shared/reference/qwen3_5.md §2): embeddings → `num_hidden_layer
 a token mixer (Gated DeltaNet for `linear_attention`, gated GQA attention for `full_attention`) and a SwiGLU
 MLP → zero-centred RMSNorm → LM head (tied or not).
 
-Layout: the layers form `num_blocks` repetitions of `config.block_pattern` (3 × DeltaNet + 1 × attention).
-`Block` holds one repetition; the model stores the parameters of all blocks stacked on a leading axis and
-runs them with `lax.scan`, so compile time does not depend on depth. With `remat=True` each layer is
-rematerialised in the backward pass (only layer inputs are kept between the forward and backward pass).
+Layout: the layers form `num_blocks` repetitions of `config.block_pattern` (3 × DeltaNet + 1 × attention),
+and a pattern is a sequence of *runs* of one layer type (`config.block_runs`: 3 × DeltaNet, then 1 ×
+attention). Parameters are stacked twice, [n_blocks, run_length, ...], and both levels run with `lax.scan`:
+compile time does not depend on depth, and with `remat=True` each layer is rematerialised in the backward
+pass one at a time (only layer inputs are kept), so activation memory is that of a single layer.
 
 Numerics (fp32 islands, as HF): every RMSNorm; the DeltaNet decay g and the whole delta rule; attention
 scores and softmax; logprobs. RoPE cos/sin are computed in fp32 and cast to the activation dtype.
@@ -43,7 +44,7 @@ ATTENTION_QUERY_CHUNK = 512
 
 @struct.dataclass
 class AttentionCache:
-    """KV cache of one attention layer position, stacked over blocks: k, v [n_blocks, B, S, KV, D]."""
+    """KV cache of one run of attention layers: k, v [n_blocks, run_length, B, S, KV, D]."""
 
     k: Array
     v: Array
@@ -51,10 +52,10 @@ class AttentionCache:
 
 @struct.dataclass
 class DeltaNetCache:
-    """State of one DeltaNet layer position, stacked over blocks.
+    """State of one run of DeltaNet layers.
 
-    conv: [n_blocks, B, K−1, conv_dim] the last K−1 inputs of the causal conv (pre-activation).
-    ssm: [n_blocks, B, Hv, Dk, Dv] float32 recurrent state of the delta rule.
+    conv: [n_blocks, run_length, B, K−1, conv_dim] the last K−1 inputs of the causal conv (pre-activation).
+    ssm: [n_blocks, run_length, B, Hv, Dk, Dv] float32 recurrent state of the delta rule.
     """
 
     conv: Array
@@ -63,7 +64,7 @@ class DeltaNetCache:
 
 @struct.dataclass
 class DecodeState:
-    """Everything a decode step needs: one cache per position in the block pattern, and per-row lengths.
+    """Everything a decode step needs: one cache per run of the block pattern, and per-row lengths.
 
     lengths: [B] int32, tokens already in the cache of each row (the next token's position).
     """
@@ -74,19 +75,16 @@ class DecodeState:
 
 def init_decode_state(config: Qwen35Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> DecodeState:
     """An empty state for `batch` rows of at most `max_len` tokens each (prompt + generation)."""
-    n = config.num_blocks
     layers: list[AttentionCache | DeltaNetCache] = []
-    for kind in config.block_pattern:
+    for kind, run in config.block_runs:
+        lead = (config.num_blocks, run, batch)
         if kind == FULL:
-            shape = (n, batch, max_len, config.num_key_value_heads, config.head_dim)
+            shape = (*lead, max_len, config.num_key_value_heads, config.head_dim)
             layers.append(AttentionCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
         else:
-            conv = jnp.zeros((n, batch, config.linear_conv_kernel_dim - 1, config.conv_dim), dtype)
-            ssm = jnp.zeros(
-                (n, batch, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim),
-                jnp.float32,
-            )
-            layers.append(DeltaNetCache(conv, ssm))
+            conv = jnp.zeros((*lead, config.linear_conv_kernel_dim - 1, config.conv_dim), dtype)
+            ssm_shape = (*lead, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
+            layers.append(DeltaNetCache(conv, jnp.zeros(ssm_shape, jnp.float32)))
     return DecodeState(jnp.zeros((batch,), jnp.int32), tuple(layers))
 
 
@@ -329,26 +327,46 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
+def stacked(make, n: int) -> nnx.Module:
+    """n modules from `make()` (each with its own random init) as one module with parameters stacked on axis 0."""
+    modules = [make() for _ in range(n)]
+    graphdef, *_ = nnx.split(modules[0])
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(m) for m in modules]))
+
+
+def scan_stacked(module: nnx.Module, fn, carry, xs, *, remat: bool = False):
+    """`lax.scan` of `fn(layer, carry, x) -> (carry, y)` over the stacked parameters of `module` (and `xs`).
+
+    With `remat`, each iteration is rematerialised in the backward pass: the scan keeps only its carries.
+    """
+    graphdef, params = nnx.split(module)
+
+    def body(carry, inputs):
+        layer_params, x = inputs
+        return fn(nnx.merge(graphdef, layer_params), carry, x)
+
+    if remat:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    return jax.lax.scan(body, carry, (params, xs))
+
+
 class Block(nnx.Module):
-    """One repetition of the layer pattern (Qwen 3.5: 3 × DeltaNet then 1 × attention)."""
+    """One repetition of the layer pattern, as runs of stacked same-type layers (3 × DeltaNet, 1 × attention)."""
 
     def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
-        self.layers = nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs) for kind in config.block_pattern])
+        self.runs = nnx.List(
+            [stacked(lambda kind=kind: DecoderLayer(config, kind, dtype, param_dtype, rngs), n) for kind, n in config.block_runs]
+        )
 
     def __call__(self, x, positions, caches, lengths, valid, remat: bool = False):
-        """Runs the layers in order; with `remat`, each layer's activations are recomputed in the backward pass
-        (only the layer inputs are kept), which bounds activation memory by one layer's intermediates."""
+        """Scans each run's layers in order; returns (x, per-run caches)."""
+
+        def layer_fn(layer, h, cache):
+            return layer(h, positions, cache, lengths, valid)
+
         new_caches = []
-        for layer, cache in zip(self.layers, caches):
-            if remat:
-                graphdef, state = nnx.split(layer)
-
-                def run(state, x, cache, graphdef=graphdef):
-                    return nnx.merge(graphdef, state)(x, positions, cache, lengths, valid)
-
-                x, cache = jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)(state, x, cache)
-            else:
-                x, cache = layer(x, positions, cache, lengths, valid)
+        for run, cache in zip(self.runs, caches):
+            x, cache = scan_stacked(run, layer_fn, x, cache, remat=remat)
             new_caches.append(cache)
         return x, tuple(new_caches)
 
@@ -377,11 +395,7 @@ class Qwen35(nnx.Module):
             config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
             embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
         )  # fmt: skip
-        # One Block per repetition, created one by one (so each gets its own random init), then stacked.
-        blocks = [Block(config, dtype, param_dtype, rngs) for _ in range(config.num_blocks)]
-        graphdef, *_ = nnx.split(blocks[0])
-        states = [nnx.state(blk) for blk in blocks]
-        self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+        self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs), config.num_blocks)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, dtype, param_dtype, rngs)
 
@@ -412,15 +426,11 @@ class Qwen35(nnx.Module):
         act = ("batch", "length", "act_embed")  # data-parallel activations (a no-op without an active mesh)
         x = sharding.constrain(self.embed_tokens(ids), act)
 
-        graphdef, params = nnx.split(self.blocks)
-
-        def body(h, xs):
-            block_params, caches = xs
-            block = nnx.merge(graphdef, block_params)
+        def block_fn(block, h, caches):
             h, caches = block(h, positions, caches, lengths, valid, remat=self.remat)
             return sharding.constrain(h, act), caches
-        caches = state.layers if state is not None else tuple(None for _ in self.config.block_pattern)
-        x, new_caches = jax.lax.scan(body, x, (params, caches))
+        caches = state.layers if state is not None else tuple(None for _ in self.config.block_runs)
+        x, new_caches = scan_stacked(self.blocks, block_fn, x, caches)
         x = self.norm(x)
         if state is None:
             return x, None
