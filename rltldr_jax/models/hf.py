@@ -19,9 +19,11 @@ Norm weights are stored as they are (zero-centred norms keep the offset conventi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -124,26 +126,23 @@ def _text_name(name: str) -> str | None:
     return name
 
 
-class _Reader:
-    """Reads tensors by (text-layout) name, keeping each file open once."""
+class _Reader(contextlib.ExitStack):
+    """Reads tensors by (text-layout) name; each file is opened once and closed when the context exits."""
 
     def __init__(self, path: str):
+        super().__init__()
         self.files: dict[str, tuple[str, str]] = {}  # text name → (file, stored name)
         for stored, file in _weight_files(path).items():
             text = _text_name(stored)
             if text is not None:
                 self.files[text] = (file, stored)
-        self._open: dict[str, object] = {}
+        self._open: dict[str, Any] = {}
 
     def get(self, name: str) -> np.ndarray:
         file, stored = self.files[name]
         if file not in self._open:
-            self._open[file] = safe_open(file, framework="numpy").__enter__()
+            self._open[file] = self.enter_context(safe_open(file, framework="numpy"))
         return self._open[file].get_tensor(stored)
-
-    def close(self) -> None:
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
 
 
 def load_pretrained(
@@ -171,10 +170,9 @@ def load_pretrained(
     config = Qwen35Config.from_pretrained(path)
     abstract = ModelSpec(config, dtype=compute_dtype, param_dtype=dtype or jnp.float32, remat=remat).abstract()
     graphdef, state = nnx.split(abstract)
-    reader = _Reader(path)
     missing, misshaped, used = [], [], set()
     leaves: dict[Path, np.ndarray] = {}
-    try:
+    with _Reader(path) as reader:
         for key, var in nnx.to_flat_state(state):
             names, transform = hf_names(key, config)
             stacked = key[0] == "blocks"
@@ -184,19 +182,17 @@ def load_pretrained(
             if absent:
                 missing += absent
                 continue
-            if stacked:
-                value = np.stack([np.stack([_to_ours(reader.get(n), transform) for n in per_block]) for per_block in names])
-            else:
-                value = _to_ours(reader.get(names[0]), transform)
-            if value.shape != var.shape:
-                one = value.shape[2:] if stacked else value.shape
-                expected = var.shape[2:] if stacked else var.shape
-                misshaped.append(f"{flat_names[0]}{' (and other layers)' if stacked else ''}: checkpoint "
-                                 f"{tuple(one)} ≠ expected {tuple(expected)}")  # fmt: skip
+            expected = tuple(var.shape[2:] if stacked else var.shape)  # one layer's shape
+            parts = {n: _to_ours(reader.get(n), transform) for n in flat_names}
+            wrong = [f"{n}: checkpoint {p.shape} ≠ expected {expected}" for n, p in parts.items() if p.shape != expected]
+            if wrong:
+                misshaped += wrong
                 continue
+            if stacked:
+                value = np.stack([np.stack([parts[n] for n in per_block]) for per_block in names])
+            else:
+                value = parts[names[0]]
             leaves[key] = value if dtype is None else value.astype(dtype)
-    finally:
-        reader.close()
     unexpected = sorted(set(reader.files) - used - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
     problems = []
     if missing:
@@ -204,7 +200,7 @@ def load_pretrained(
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected[:20])}{' …' if len(unexpected) > 20 else ''}")
     if misshaped:
-        problems.append("mis-shaped tensors: " + "; ".join(misshaped))
+        problems.append("mis-shaped tensors: " + "; ".join(misshaped[:20]) + (" …" if len(misshaped) > 20 else ""))
     if problems:
         raise CheckpointError(f"checkpoint {path!r} does not match its config.json: " + " | ".join(problems))
     flat = [(key, jnp.asarray(leaves[key])) for key, _ in nnx.to_flat_state(state)]
