@@ -1,0 +1,85 @@
+"""The GenerationEngine protocol (DESIGN.md §4): token ids in, token ids and their logprobs out.
+
+Two implementations share it: the embedded `JaxEngine` (CPU, Colab, tests) and the SGLang gRPC client (GPU
+servers). Episodes call `await engine.generate(request)`; many are in flight at once and the engine batches
+them. After each update phase the trainer calls `update_weights(params, version)`; every result says which
+weight version produced its last token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    Attributes:
+      temperature: softmax temperature; 0 means greedy (argmax).
+      top_p: nucleus mass kept (1 = off). Values < 1 make the returned logprobs those of the truncated,
+        renormalised distribution, so importance ratios against the trainer's logprobs are biased.
+      top_k: keep the k most likely tokens (-1 = off).
+      max_new_tokens: generation stops after this many tokens (finish reason "length").
+      stop_token_ids: generation stops after sampling one of these (finish reason "stop"; the token is returned).
+      seed: per-request seed; with a seed, the completion does not depend on what else is in the batch.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 512
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or positive, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """Prompt ids and sampling parameters; `request_id` identifies it across retries."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = SamplingParams()
+    request_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        if not self.prompt_ids:
+            raise ValueError("a generation request needs at least one prompt token")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    """The new tokens, the logprob of each under the sampling distribution, why generation ended, and the
+    weight version that produced the last token."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+
+class GenerationEngine(Protocol):
+    """Anything that turns prompt ids into sampled ids with logprobs and accepts new weights."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    def update_weights(self, params: Any, version: int) -> None: ...

@@ -1,0 +1,315 @@
+"""The embedded generation engine: batched prefill and decode of a Qwen 3.5 model with its decode state.
+
+A background thread runs the scheduler. Requests wait in a queue; whenever slots are free, waiting requests
+are prefilled together (a right-padded sub-batch, bucketed to powers of two) and their states are written into
+their slots; then one decode step advances every active slot. A finished request frees its slot at once, so
+new requests are admitted while others are still decoding. Shapes are fixed per bucket, so the jitted
+functions compile a bounded number of times.
+
+Sampling happens in float32 on the logits: temperature, then optional top-k / top-p truncation; the returned
+logprob is that of the sampled token under this (truncated, renormalised) distribution, so at temperature 1
+without truncation it equals the model's teacher-forced logprob. Each request's randomness comes from its own
+key (its seed, or a fresh one), folded with the token index: a seeded completion is the same whatever else
+is in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
+from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, init_decode_state
+
+MIN_PREFILL_BUCKET = 16
+
+
+def _bucket(n: int, minimum: int = 1) -> int:
+    """The smallest power of two >= max(n, minimum)."""
+    return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+def _cache_arrays(state: DecodeState) -> list[jax.Array]:
+    return [a for cache in state.layers for a in jax.tree.leaves(cache)]
+
+
+def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
+    """`state` with its rows `rows` replaced by the rows of `sub` (cache arrays are [n_blocks, run, B, ...])."""
+    layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype)), state.layers, sub.layers)
+    return DecodeState(state.lengths.at[rows].set(sub.lengths), layers)
+
+
+def sample_tokens(
+    logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array, keys: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One token per row and its logprob under the sampling distribution.
+
+    Args:
+      logits: [B, V] float32.
+      temperature: [B]; 0 = greedy (the logprob is then the model's, at temperature 1).
+      top_p: [B] in (0, 1]; top_k: [B] int, -1 = off.
+      keys: [B] typed PRNG keys.
+
+    Returns:
+      (tokens [B] int32, logprobs [B] float32).
+    """
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+
+    def truncate(scaled: jax.Array) -> jax.Array:
+        order = jnp.argsort(-scaled, axis=-1)
+        ranked = jnp.take_along_axis(scaled, order, axis=-1)
+        probs = jax.nn.softmax(ranked, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        rank = jnp.arange(scaled.shape[-1])
+        keep = (mass_before < top_p[:, None]) & ((top_k[:, None] < 0) | (rank < top_k[:, None]))
+        kept = jnp.where(keep, ranked, -jnp.inf)
+        return jnp.full_like(scaled, -jnp.inf).at[jnp.arange(scaled.shape[0])[:, None], order].set(kept)
+
+    needs_truncation = jnp.any((top_p < 1.0) | (top_k > 0))
+    scaled = jax.lax.cond(needs_truncation, truncate, lambda s: s, scaled)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    model_logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.where(greedy[:, None], model_logp, logp)
+    return tokens, jnp.take_along_axis(picked, tokens[:, None], axis=-1)[:, 0]
+
+
+@dataclasses.dataclass
+class _Active:
+    """A request occupying a slot."""
+
+    request: GenerationRequest
+    done: Callable[[GenerationResult], None]
+    key: jax.Array
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class JaxEngine:
+    """Embedded, batched generation with a Qwen 3.5 model (implements `GenerationEngine`).
+
+    Args:
+      model: the policy (its parameters are copied out; `update_weights` replaces them).
+      max_batch: decode slots (sequences generated concurrently).
+      max_len: tokens per slot, prompt + completion; longer requests are rejected with ValueError.
+      cache_dtype: dtype of the KV and conv caches (the recurrent state is always float32).
+    """
+
+    def __init__(self, model: Qwen35, *, max_batch: int = 8, max_len: int = 4096, cache_dtype: Any = None):
+        self.config = model.config
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self._graphdef, params = nnx.split(model)
+        self._params = params
+        self._version = 0
+        dtype = cache_dtype or model.dtype
+        self._state = init_decode_state(self.config, max_batch, max_len, dtype)
+        self._cache_dtype = dtype
+        self._slots: list[_Active | None] = [None] * max_batch
+        self._last = np.zeros((max_batch,), np.int32)
+        self._queue: deque[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = deque()
+        self._lock = threading.Condition()
+        self._closed = False
+        self.error: BaseException | None = None  # set if the engine thread died
+        self._seed_counter = np.random.SeedSequence().generate_state(1)[0]
+        self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(self, params: nnx.State | Qwen35, version: int) -> None:
+        """Swaps in new parameters (a model or its `nnx.state`); later tokens use them and report `version`."""
+        if isinstance(params, nnx.Module):
+            params = nnx.state(params)
+        with self._lock:
+            self._params = params
+            self._version = int(version)
+
+    def submit(self, request: GenerationRequest, done: Callable[[GenerationResult], None]) -> None:
+        """Queues a request; `done(result)` is called from the engine thread when it finishes."""
+        needed = len(request.prompt_ids) + request.params.max_new_tokens
+        if needed > self.max_len:
+            raise ValueError(
+                f"request {request.request_id}: {len(request.prompt_ids)} prompt + {request.params.max_new_tokens} "
+                f"new tokens exceed the engine's max_len={self.max_len}; raise max_len or lower max_new_tokens"
+            )
+        if any(t < 0 or t >= self.config.vocab_size for t in request.prompt_ids):
+            raise ValueError(f"request {request.request_id}: prompt ids outside [0, {self.config.vocab_size})")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the engine is closed{f' after an error: {self.error!r}' if self.error else ''}")
+            self._queue.append((request, done))
+            self._lock.notify()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generates one completion; many calls may be in flight at once."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerationResult] = loop.create_future()
+        self.submit(request, lambda result: loop.call_soon_threadsafe(future.set_result, result))
+        return await future
+
+    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking batch generation (results in request order), for scripts and evaluation."""
+        results: list[GenerationResult | None] = [None] * len(requests)
+        finished = threading.Semaphore(0)
+        for i, request in enumerate(requests):
+
+            def done(result, i=i):
+                results[i] = result
+                finished.release()
+
+            self.submit(request, done)
+        for _ in requests:
+            finished.acquire()
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stops the engine thread; queued and running requests finish with reason "abort"."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join()
+
+    def __enter__(self) -> JaxEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- jitted pieces ----------------------------------------------------------------------------------
+
+    @functools.partial(jax.jit, static_argnums=(0,))
+    def _prefill(self, params, ids, valid, temperature, top_p, top_k, keys):
+        model = nnx.merge(self._graphdef, params)
+        state = init_decode_state(self.config, ids.shape[0], self.max_len, self._cache_dtype)
+        h, state = model.hidden_states(ids, state=state, valid=valid)
+        last = jnp.maximum(valid.sum(axis=1) - 1, 0)
+        logits = model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1))[:, 0]
+        tokens, logprobs = sample_tokens(logits, temperature, top_p, top_k, keys)
+        return tokens, logprobs, state
+
+    @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+    def _decode(self, params, state, last, active, temperature, top_p, top_k, keys):
+        model = nnx.merge(self._graphdef, params)
+        h, state = model.hidden_states(last[:, None], state=state, valid=active[:, None])
+        tokens, logprobs = sample_tokens(model.logits(h)[:, 0], temperature, top_p, top_k, keys)
+        return tokens, logprobs, state
+
+    @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+    def _insert(self, state, rows, sub):
+        return _with_rows(state, rows, sub)
+
+    # -- scheduler ----------------------------------------------------------------------------------------
+
+    def _sampling_arrays(self, actives: Sequence[_Active | None], n: int):
+        """Per-row sampling parameters and this step's keys, padded to n rows."""
+        temperature = np.ones(n, np.float32)
+        top_p = np.ones(n, np.float32)
+        top_k = np.full(n, -1, np.int32)
+        keys = []
+        for i in range(n):
+            a = actives[i] if i < len(actives) else None
+            if a is not None:
+                p = a.request.params
+                temperature[i], top_p[i], top_k[i] = p.temperature, p.top_p, p.top_k
+                keys.append(jax.random.fold_in(a.key, len(a.tokens)))
+            else:
+                keys.append(jax.random.key(0))
+        return jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), jnp.stack(keys)
+
+    def _admit(self, params, version: int) -> None:
+        """Prefills as many waiting requests as there are free slots, as one bucketed sub-batch."""
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        with self._lock:
+            batch = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
+        if not batch:
+            return
+        actives = []
+        for request, done in batch:
+            seed = request.params.seed
+            if seed is None:
+                self._seed_counter += 1
+                seed = int(self._seed_counter)
+            actives.append(_Active(request, done, jax.random.key(seed)))
+        n = _bucket(len(actives))
+        length = _bucket(max(len(a.request.prompt_ids) for a in actives), MIN_PREFILL_BUCKET)
+        ids = np.zeros((n, length), np.int32)
+        valid = np.zeros((n, length), bool)
+        for r, a in enumerate(actives):
+            ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
+            valid[r, : len(a.request.prompt_ids)] = True
+        tokens, logprobs, sub = self._prefill(params, ids, valid, *self._sampling_arrays(actives, n))
+        rows = np.array(free[: len(actives)], np.int32)
+        take = jax.tree.map(lambda x: x[:, :, : len(actives)], sub.layers)
+        self._state = self._insert(self._state, rows, DecodeState(sub.lengths[: len(actives)], take))
+        for slot, a, token, logprob in zip(rows, actives, np.asarray(tokens), np.asarray(logprobs)):
+            self._slots[slot] = a
+            self._record(int(slot), int(token), float(logprob), version)
+
+    def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
+        """Appends a sampled token to a slot; finishes the request when it stops or reaches its budget."""
+        a = self._slots[slot]
+        a.tokens.append(token)
+        a.logprobs.append(logprob)
+        self._last[slot] = token
+        p = a.request.params
+        reason = "stop" if token in p.stop_token_ids else ("length" if len(a.tokens) >= p.max_new_tokens else None)
+        if reason is not None:
+            self._finish(slot, reason, version)
+
+    def _finish(self, slot: int, reason: str, version: int) -> None:
+        a = self._slots[slot]
+        self._slots[slot] = None
+        a.done(GenerationResult(a.request.request_id, tuple(a.tokens), tuple(a.logprobs), reason, version))
+
+    def _step(self, params, version: int) -> None:
+        """One decode step for every active slot."""
+        active = np.array([s is not None for s in self._slots])
+        tokens, logprobs, self._state = self._decode(
+            params, self._state, jnp.asarray(self._last), jnp.asarray(active), *self._sampling_arrays(self._slots, self.max_batch)
+        )
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        for slot in np.flatnonzero(active):
+            self._record(int(slot), int(tokens[slot]), float(logprobs[slot]), version)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._closed and not self._queue and all(s is None for s in self._slots):
+                        self._lock.wait()
+                    if self._closed:
+                        break
+                    params, version = self._params, self._version
+                if self._queue and any(s is None for s in self._slots):
+                    self._admit(params, version)
+                if any(s is not None for s in self._slots):
+                    self._step(params, version)
+        except BaseException as e:  # never leave a caller waiting: abort everything, refuse new requests
+            self.error = e
+            with self._lock:
+                self._closed = True
+            raise
+        finally:
+            for slot, s in enumerate(self._slots):
+                if s is not None:
+                    self._finish(slot, "abort", self._version)
+            while self._queue:
+                request, done = self._queue.popleft()
+                done(GenerationResult(request.request_id, (), (), "abort", self._version))

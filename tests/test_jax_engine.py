@@ -1,0 +1,124 @@
+"""The embedded JaxEngine: logprobs, determinism, stopping, continuous batching, weight updates."""
+
+import asyncio
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
+from rltldr_jax.engines.jax_engine import sample_tokens
+from rltldr_jax.models import ModelSpec, get_preset, sequence_logprobs
+
+CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ModelSpec(CONFIG).build(seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    with JaxEngine(model, max_batch=4, max_len=96) as eng:
+        yield eng
+
+
+def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.integers(0, 256, size=rng.integers(3, 30)).tolist()) for _ in range(n)]
+
+
+def test_logprobs_equal_teacher_forced(engine, model):
+    """Temperature 1, no truncation: the engine's logprobs are the model's logprobs of the same ids."""
+    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(_prompts(6))]
+    results = engine.generate_many(requests)  # 6 requests on 4 slots: two are admitted as others finish
+    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
+    for request, result in zip(requests, results):
+        assert result.finish_reason == "length" and len(result.token_ids) == 12
+        ids = jnp.asarray([request.prompt_ids + result.token_ids])
+        expected = np.asarray(forward(model, ids))[0, len(request.prompt_ids) :]
+        np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engine):
+    prompt = _prompts(1, seed=3)[0]
+    alone = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7))])[0]
+    crowd = [GenerationRequest(p, SamplingParams(max_new_tokens=5 + i)) for i, p in enumerate(_prompts(5, seed=4))]
+    together = engine.generate_many([*crowd[:2], GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7)), *crowd[2:]])
+    assert together[2].token_ids == alone.token_ids
+    np.testing.assert_allclose(together[2].logprobs, alone.logprobs, atol=2e-5)
+
+
+def test_greedy_is_deterministic_and_argmax(engine, model):
+    prompt = _prompts(1, seed=5)[0]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    a, b = engine.generate_many([GenerationRequest(prompt, greedy), GenerationRequest(prompt, greedy)])
+    assert a.token_ids == b.token_ids
+    logits = np.asarray(jax.jit(lambda m, x: m(x))(model, jnp.asarray([prompt + a.token_ids])))[0]
+    n = len(prompt)
+    assert list(a.token_ids) == logits[n - 1 : n - 1 + 8].argmax(-1).tolist()
+
+
+def test_stop_tokens_and_budget(engine):
+    prompt = _prompts(1, seed=6)[0]
+    free = engine.generate_many([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6))])[0]
+    stop_at = free.token_ids[2]
+    first = free.token_ids.index(stop_at)
+    stopped = engine.generate_many([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(stop_at,)))])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: first + 1]  # the stop token is returned
+    with pytest.raises(ValueError, match="max_len=96"):
+        engine.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=90)), lambda r: None)
+
+
+def test_weight_update_changes_outputs_and_version(model):
+    prompt = _prompts(1, seed=8)[0]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    with JaxEngine(model, max_batch=2, max_len=64) as engine:
+        before = engine.generate_many([GenerationRequest(prompt, greedy)])[0]
+        other = ModelSpec(CONFIG).build(seed=1)
+        engine.update_weights(nnx.state(other), version=3)
+        after = engine.generate_many([GenerationRequest(prompt, greedy)])[0]
+    assert before.weight_version == 0 and after.weight_version == 3
+    # The new weights produced the output: its logprobs are the new model's, not the old one's.
+    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
+    ids = jnp.asarray([prompt + after.token_ids])
+    np.testing.assert_allclose(after.logprobs, np.asarray(forward(other, ids))[0, len(prompt) :], atol=2e-5)
+    assert np.abs(np.asarray(forward(model, ids))[0, len(prompt) :] - np.asarray(after.logprobs)).max() > 1e-2
+
+
+def test_asyncio_generate_many_in_flight(engine):
+    async def main():
+        requests = [GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 3, seed=i)) for i, p in enumerate(_prompts(7, seed=9))]
+        return requests, await asyncio.gather(*(engine.generate(r) for r in requests))
+
+    requests, results = asyncio.run(main())
+    assert [len(r.token_ids) for r in results] == [q.params.max_new_tokens for q in requests]
+    assert [r.request_id for r in results] == [q.request_id for q in requests]
+
+
+def test_top_k_top_p_truncation():
+    n = 300  # rows 0..n-1: top-p 0.7; rows n..2n-1: top-k 1
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]] * (2 * n)))
+    top_p = jnp.concatenate([jnp.full(n, 0.7), jnp.ones(n)])
+    top_k = jnp.concatenate([jnp.full(n, -1), jnp.ones(n, jnp.int32)])
+    tokens, lp = jax.jit(sample_tokens)(logits, jnp.ones(2 * n), top_p, top_k, jax.random.split(jax.random.key(0), 2 * n))
+    tokens, lp = np.asarray(tokens), np.asarray(lp)
+    assert set(tokens[:n]) == {0, 1}  # top-p 0.7 keeps {0.5, 0.3}
+    assert set(tokens[n:]) == {0}  # top-k 1
+    np.testing.assert_allclose(lp[:n][tokens[:n] == 0], np.log(0.5 / 0.8), rtol=1e-5)  # renormalised
+    np.testing.assert_allclose(lp[:n][tokens[:n] == 1], np.log(0.3 / 0.8), rtol=1e-5)
+    np.testing.assert_allclose(lp[n:], 0.0, atol=1e-6)
+
+
+def test_bad_sampling_params():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=0)
+    with pytest.raises(ValueError, match="prompt token"):
+        GenerationRequest(())
