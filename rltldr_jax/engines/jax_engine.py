@@ -86,13 +86,18 @@ def sample_tokens(
     return tokens, jnp.take_along_axis(picked, tokens[:, None], axis=-1)[:, 0]
 
 
+def _step_keys(key_data: jax.Array, counts: jax.Array) -> jax.Array:
+    """[B] typed keys for this step: each request's key folded with its number of tokens so far."""
+    return jax.vmap(lambda kd, c: jax.random.fold_in(jax.random.wrap_key_data(kd), c))(key_data, counts)
+
+
 @dataclasses.dataclass
 class _Active:
     """A request occupying a slot."""
 
     request: GenerationRequest
     done: Callable[[GenerationResult], None]
-    key: jax.Array
+    key_data: np.ndarray  # raw data of the request's PRNG key
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
@@ -123,7 +128,8 @@ class JaxEngine:
         self._lock = threading.Condition()
         self._closed = False
         self.error: BaseException | None = None  # set if the engine thread died
-        self._seed_counter = np.random.SeedSequence().generate_state(1)[0]
+        self._seed_counter = int(np.random.SeedSequence().generate_state(1)[0])
+        self._key_shape = jax.random.key_data(jax.random.key(0)).shape
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
 
@@ -195,7 +201,8 @@ class JaxEngine:
     # -- jitted pieces ----------------------------------------------------------------------------------
 
     @functools.partial(jax.jit, static_argnums=(0,))
-    def _prefill(self, params, ids, valid, temperature, top_p, top_k, keys):
+    def _prefill(self, params, ids, valid, temperature, top_p, top_k, key_data, counts):
+        keys = _step_keys(key_data, counts)
         model = nnx.merge(self._graphdef, params)
         state = init_decode_state(self.config, ids.shape[0], self.max_len, self._cache_dtype)
         h, state = model.hidden_states(ids, state=state, valid=valid)
@@ -205,7 +212,8 @@ class JaxEngine:
         return tokens, logprobs, state
 
     @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-    def _decode(self, params, state, last, active, temperature, top_p, top_k, keys):
+    def _decode(self, params, state, last, active, temperature, top_p, top_k, key_data, counts):
+        keys = _step_keys(key_data, counts)
         model = nnx.merge(self._graphdef, params)
         h, state = model.hidden_states(last[:, None], state=state, valid=active[:, None])
         tokens, logprobs = sample_tokens(model.logits(h)[:, 0], temperature, top_p, top_k, keys)
@@ -218,20 +226,18 @@ class JaxEngine:
     # -- scheduler ----------------------------------------------------------------------------------------
 
     def _sampling_arrays(self, actives: Sequence[_Active | None], n: int):
-        """Per-row sampling parameters and this step's keys, padded to n rows."""
+        """Per-row sampling parameters, key data and token counts (numpy, padded to n rows)."""
         temperature = np.ones(n, np.float32)
         top_p = np.ones(n, np.float32)
         top_k = np.full(n, -1, np.int32)
-        keys = []
-        for i in range(n):
-            a = actives[i] if i < len(actives) else None
+        key_data = np.zeros((n, *self._key_shape), np.uint32)
+        counts = np.zeros(n, np.int32)
+        for i, a in enumerate(actives[:n]):
             if a is not None:
                 p = a.request.params
                 temperature[i], top_p[i], top_k[i] = p.temperature, p.top_p, p.top_k
-                keys.append(jax.random.fold_in(a.key, len(a.tokens)))
-            else:
-                keys.append(jax.random.key(0))
-        return jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), jnp.stack(keys)
+                key_data[i], counts[i] = a.key_data, len(a.tokens)
+        return temperature, top_p, top_k, key_data, counts
 
     def _admit(self, params, version: int) -> None:
         """Prefills as many waiting requests as there are free slots, as one bucketed sub-batch."""
@@ -246,7 +252,7 @@ class JaxEngine:
             if seed is None:
                 self._seed_counter += 1
                 seed = int(self._seed_counter)
-            actives.append(_Active(request, done, jax.random.key(seed)))
+            actives.append(_Active(request, done, np.asarray(jax.random.key_data(jax.random.key(seed)))))
         n = _bucket(len(actives))
         length = _bucket(max(len(a.request.prompt_ids) for a in actives), MIN_PREFILL_BUCKET)
         ids = np.zeros((n, length), np.int32)
@@ -282,7 +288,7 @@ class JaxEngine:
         """One decode step for every active slot."""
         active = np.array([s is not None for s in self._slots])
         tokens, logprobs, self._state = self._decode(
-            params, self._state, jnp.asarray(self._last), jnp.asarray(active), *self._sampling_arrays(self._slots, self.max_batch)
+            params, self._state, self._last, active, *self._sampling_arrays(self._slots, self.max_batch)
         )
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         for slot in np.flatnonzero(active):
