@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rltldr_jax.models.gated_delta import chunk_gated_delta_rule
-from timing import best_of
+from common import best_of
 
 # (B, T, Hk, Hv, D): a long prefill of a small layer, and a batch of shorter ones with Qwen 3.5's 16 / 32 heads.
 SHAPES = [(1, 2048, 4, 8, 128), (4, 512, 16, 32, 128)]

@@ -17,17 +17,13 @@ import transformers
 
 from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
 from rltldr_jax.models import load_pretrained
+from common import small_qwen_config
 
 BATCH, PROMPT, NEW = 8, 64, 64
 
 
 def main() -> None:
-    cfg = transformers.Qwen3_5TextConfig(
-        vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=128,
-        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-    )  # fmt: skip
+    cfg = small_qwen_config()
     torch.manual_seed(0)
     hf = transformers.Qwen3_5ForCausalLM(cfg).eval()
     with tempfile.TemporaryDirectory() as path:

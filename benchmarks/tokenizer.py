@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.resources
 
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step, load_tokenizer
-from timing import best_of
+from common import best_of
 
 
 def main() -> None:
