@@ -30,3 +30,21 @@ def small_qwen_config():
         linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
     )  # fmt: skip
+
+
+def small_models(seed: int = 0):
+    """(config, transformers model, our model) of `small_qwen_config()` with the same random weights."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    from rltldr_jax.models import load_pretrained
+
+    cfg = small_qwen_config()
+    torch.manual_seed(seed)
+    hf = transformers.Qwen3_5ForCausalLM(cfg).eval()
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        ours = load_pretrained(path)
+    return cfg, hf, ours

@@ -8,27 +8,19 @@ token), after a warm-up run; the script prints tokens/s of each and the ratio (g
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import numpy as np
 import torch
-import transformers
 
 from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
-from rltldr_jax.models import load_pretrained
-from common import small_qwen_config
+from common import small_models
 
 BATCH, PROMPT, NEW = 8, 64, 64
 
 
 def main() -> None:
-    cfg = small_qwen_config()
-    torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForCausalLM(cfg).eval()
-    with tempfile.TemporaryDirectory() as path:
-        hf.save_pretrained(path)
-        ours = load_pretrained(path)
+    cfg, hf, ours = small_models()
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (BATCH, PROMPT))
 
     def run_hf() -> float:

@@ -9,27 +9,19 @@ the script prints the time of each, their ratio (torch / ours; > 1 means ours is
 
 from __future__ import annotations
 
-import tempfile
 
 import jax
 import numpy as np
 import torch
-import transformers
 
-from rltldr_jax.models import load_pretrained
-from common import best_of, small_qwen_config
+from common import best_of, small_models
 
 SHAPES = [(1, 1024), (4, 512), (1, 4096)]  # (batch, tokens)
 
 
 def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    cfg = small_qwen_config()
-    torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForCausalLM(cfg).eval()
-    with tempfile.TemporaryDirectory() as path:
-        hf.save_pretrained(path)
-        ours = load_pretrained(path)
+    cfg, hf, ours = small_models()
     forward = jax.jit(lambda m, x: m(x))
     print(f"config: hidden {cfg.hidden_size}, 8 layers (6 DeltaNet + 2 attention), vocab {cfg.vocab_size}; "
           f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}")  # fmt: skip
