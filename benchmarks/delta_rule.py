@@ -11,7 +11,6 @@ sum(o * w) with respect to q, k, v, g and beta) times with the ratio torch / our
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -39,10 +39,6 @@ def _bucket(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, (n - 1).bit_length()))
 
 
-def _cache_arrays(state: DecodeState) -> list[jax.Array]:
-    return [a for cache in state.layers for a in jax.tree.leaves(cache)]
-
-
 def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
     """`state` with its rows `rows` replaced by the rows of `sub` (cache arrays are [n_blocks, run, B, ...])."""
     layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype)), state.layers, sub.layers)

@@ -56,6 +56,10 @@ def make_optimizer(
     return optax.chain(clip, optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
 
 
+#: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
+AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "entropy_sum", "trainer_logprob_sum", "sampler_logprob_sum")
+
+
 def _micro_loss(params, graphdef, mb: dict[str, jax.Array], grpo_count, sft_count, loss_cfg: LossConfig):
     model = nnx.merge(graphdef, params)
     lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk)
@@ -99,8 +103,7 @@ def train_step(
         return (jax.tree.map(jnp.add, grads, g), loss + l, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    aux0 = {k: jnp.float32(0) for k in ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "entropy_sum",
-                                         "trainer_logprob_sum", "sampler_logprob_sum")}  # fmt: skip
+    aux0 = {k: jnp.float32(0) for k in AUX_KEYS}
     micro = {
         "ids": batch.ids, "old_logprobs": batch.old_logprobs, "advantages": batch.advantages,
         "action_mask": batch.action_mask, "insight_mask": batch.insight_mask,
