@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +123,49 @@ def test_bad_sampling_params():
         SamplingParams(top_k=0)
     with pytest.raises(ValueError, match="prompt token"):
         GenerationRequest(())
+
+
+def test_pause_in_place_update_resume(model):
+    """pause → update_weights → resume: running requests keep their tokens and finish with the new version."""
+    prompt = _prompts(1, seed=10)[0]
+    other = ModelSpec(CONFIG).build(seed=1)
+    with JaxEngine(model, max_batch=2, max_len=64) as engine:
+        engine.pause()
+        results, finished = [], threading.Event()
+        engine.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=6, seed=1)), lambda r: (results.append(r), finished.set()))
+        assert engine.load() == {"num_running": 0, "num_waiting": 1}  # paused: nothing is admitted
+        engine.update_weights(other, version=5)
+        engine.resume()
+        assert finished.wait(120)
+    assert results[0].weight_version == 5 and len(results[0].token_ids) == 6
+    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
+    ids = jnp.asarray([prompt + results[0].token_ids])
+    np.testing.assert_allclose(results[0].logprobs, np.asarray(forward(other, ids))[0, len(prompt) :], atol=2e-5)
+
+
+def test_abort_one_and_pause_abort_all(model):
+    prompts = _prompts(3, seed=11)
+    with JaxEngine(model, max_batch=1, max_len=96) as engine:
+        engine.pause()
+        requests = [GenerationRequest(p, SamplingParams(max_new_tokens=40, seed=i)) for i, p in enumerate(prompts)]
+        done: dict[str, object] = {}
+        first_done = threading.Event()
+
+        def record(res):
+            done[res.request_id] = res
+            if res.request_id == requests[0].request_id:
+                first_done.set()
+
+        for r in requests:
+            engine.submit(r, record)
+        engine.abort(requests[1].request_id)  # aborted while queued, even though the engine is paused
+        engine.abort("no-such-request")  # ignored
+        engine.resume()
+        assert first_done.wait(120)
+        engine.pause("abort")  # aborts the running and the queued request
+        assert engine.load() == {"num_running": 0, "num_waiting": 0}
+        engine.resume()
+    assert [done[r.request_id].finish_reason for r in requests] == ["length", "abort", "abort"]
+    assert done[requests[1].request_id].token_ids == ()
+    with pytest.raises(ValueError, match="pause mode"):
+        JaxEngine.pause(engine, "later")

@@ -123,9 +123,13 @@ class JaxEngine:
         self._queue: deque[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = deque()
         self._lock = threading.Condition()
         self._closed = False
+        self._paused = False
+        self._to_abort: set[str] = set()
+        self._abort_all = False
         self.error: BaseException | None = None  # set if the engine thread died
         self._seed_counter = int(np.random.SeedSequence().generate_state(1)[0])
         self._key_shape = jax.random.key_data(jax.random.key(0)).shape
+        self._busy = False  # the scheduler is inside a step (guarded by _lock)
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
 
@@ -157,7 +161,7 @@ class JaxEngine:
             if self._closed:
                 raise RuntimeError(f"the engine is closed{f' after an error: {self.error!r}' if self.error else ''}")
             self._queue.append((request, done))
-            self._lock.notify()
+            self._lock.notify_all()
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generates one completion; many calls may be in flight at once."""
@@ -181,11 +185,58 @@ class JaxEngine:
             finished.acquire()
         return results  # type: ignore[return-value]
 
+    def abort(self, request_id: str | None = None) -> None:
+        """Finishes one request (or, with None, every queued and running one) with reason "abort".
+
+        Tokens generated so far are returned with the result. Takes effect between decode steps; unknown ids
+        are ignored (the request may have finished already).
+        """
+        with self._lock:
+            if request_id is None:
+                self._abort_all = True
+            else:
+                self._to_abort.add(request_id)
+            self._lock.notify_all()
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Stops admitting and decoding until `resume()`; returns once no decode step is running.
+
+        Modes as SGLang's `pause_generation`: "abort" finishes every queued and running request with reason
+        "abort"; "in_place" and "retract" keep them (their caches stay in their slots) and continue them on
+        `resume()`, with whatever weights are current then. Weights swapped while paused apply to every later
+        token, so pause → update_weights → resume gives a clean switch.
+        """
+        if mode not in ("abort", "in_place", "retract"):
+            raise ValueError(f'pause mode must be "abort", "in_place" or "retract", got {mode!r}')
+        with self._lock:
+            self._paused = True
+            if mode == "abort":
+                self._abort_all = True
+            self._lock.notify_all()
+            # The scheduler holds no lock while it runs a step; it acknowledges the pause at its next loop top.
+            while self._busy and not self._closed:
+                self._lock.wait()
+
+    def resume(self) -> None:
+        """Continues after `pause()` (SGLang's `continue_generation`)."""
+        with self._lock:
+            self._paused = False
+            self._lock.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def load(self) -> dict[str, int]:
+        """Requests running (in slots) and waiting (queued)."""
+        with self._lock:
+            return {"num_running": sum(s is not None for s in self._slots), "num_waiting": len(self._queue)}
+
     def close(self) -> None:
         """Stops the engine thread; queued and running requests finish with reason "abort"."""
         with self._lock:
             self._closed = True
-            self._lock.notify()
+            self._lock.notify_all()
         self._thread.join()
 
     def __enter__(self) -> JaxEngine:
@@ -290,15 +341,39 @@ class JaxEngine:
         for slot in np.flatnonzero(active):
             self._record(int(slot), int(tokens[slot]), float(logprobs[slot]), version)
 
+    def _apply_aborts(self, version: int) -> None:
+        """Finishes the requests that `abort()` or `pause("abort")` asked for (scheduler thread only)."""
+        with self._lock:
+            everything, ids = self._abort_all, self._to_abort
+            self._abort_all, self._to_abort = False, set()
+            if everything:
+                queued, self._queue = list(self._queue), deque()
+            else:
+                queued = [q for q in self._queue if q[0].request_id in ids]
+                self._queue = deque(q for q in self._queue if q[0].request_id not in ids)
+        for slot, s in enumerate(self._slots):
+            if s is not None and (everything or s.request.request_id in ids):
+                self._finish(slot, "abort", version)
+        for request, done in queued:
+            done(GenerationResult(request.request_id, (), (), "abort", version))
+
     def _run(self) -> None:
         try:
             while True:
                 with self._lock:
-                    while not self._closed and not self._queue and all(s is None for s in self._slots):
+                    self._busy = False
+                    self._lock.notify_all()
+                    while not self._closed and not self._abort_all and not self._to_abort and (
+                        self._paused or (not self._queue and all(s is None for s in self._slots))
+                    ):
                         self._lock.wait()
                     if self._closed:
                         break
+                    self._busy = True
                     params, version = self._params, self._version
+                if self._abort_all or self._to_abort:
+                    self._apply_aborts(version)
+                    continue
                 if self._queue and any(s is None for s in self._slots):
                     self._admit(params, version)
                 if any(s is not None for s in self._slots):
@@ -309,6 +384,9 @@ class JaxEngine:
                 self._closed = True
             raise
         finally:
+            with self._lock:
+                self._busy = False
+                self._lock.notify_all()
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._finish(slot, "abort", self._version)
