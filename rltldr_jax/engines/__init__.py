@@ -1,6 +1,17 @@
-"""Generation engines behind one protocol: the embedded JaxEngine and (later) the SGLang gRPC client."""
+"""Generation engines behind one protocol: the embedded JaxEngine and the SGLang gRPC client."""
 
 from rltldr_jax.engines.engine import FinishReason, GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rltldr_jax.engines.jax_engine import JaxEngine
+from rltldr_jax.engines.sglang_client import NoServerError, SglangClient, StaleWeightsError
 
-__all__ = ["FinishReason", "GenerationEngine", "GenerationRequest", "GenerationResult", "JaxEngine", "SamplingParams"]
+__all__ = [
+    "FinishReason",
+    "GenerationEngine",
+    "GenerationRequest",
+    "GenerationResult",
+    "JaxEngine",
+    "NoServerError",
+    "SamplingParams",
+    "SglangClient",
+    "StaleWeightsError",
+]

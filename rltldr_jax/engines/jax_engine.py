@@ -40,9 +40,13 @@ def _bucket(n: int, minimum: int = 1) -> int:
 
 
 def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
-    """`state` with its rows `rows` replaced by the rows of `sub` (cache arrays are [n_blocks, run, B, ...])."""
-    layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype)), state.layers, sub.layers)
-    return DecodeState(state.lengths.at[rows].set(sub.lengths), layers)
+    """`state` with its rows `rows` replaced by the rows of `sub` (cache arrays are [n_blocks, run, B, ...]).
+
+    `rows` has one entry per row of `sub`; an out-of-range entry (e.g. B) drops that row, so a padded
+    prefill sub-batch is inserted without slicing it to the number of real requests (one compile per bucket).
+    """
+    layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype), mode="drop"), state.layers, sub.layers)
+    return DecodeState(state.lengths.at[rows].set(sub.lengths, mode="drop"), layers)
 
 
 def sample_tokens(
@@ -106,15 +110,19 @@ class JaxEngine:
       max_batch: decode slots (sequences generated concurrently).
       max_len: tokens per slot, prompt + completion; longer requests are rejected with ValueError.
       cache_dtype: dtype of the KV and conv caches (the recurrent state is always float32).
+      weight_version: the version label of `model`'s weights.
     """
 
-    def __init__(self, model: Qwen35, *, max_batch: int = 8, max_len: int = 4096, cache_dtype: Any = None):
+    def __init__(
+        self, model: Qwen35, *, max_batch: int = 8, max_len: int = 4096, cache_dtype: Any = None, weight_version: int = 0
+    ):
         self.config = model.config
+        self.dtype = model.dtype  # compute dtype of the forward pass
         self.max_batch = max_batch
         self.max_len = max_len
         self._graphdef, params = nnx.split(model)
         self._params = params
-        self._version = 0
+        self._version = int(weight_version)
         dtype = cache_dtype or model.dtype
         self._state = init_decode_state(self.config, max_batch, max_len, dtype)
         self._cache_dtype = dtype
@@ -224,6 +232,11 @@ class JaxEngine:
             self._lock.notify_all()
 
     @property
+    def running(self) -> bool:
+        """The scheduler thread is alive and the engine accepts requests."""
+        return self._thread.is_alive() and not self._closed
+
+    @property
     def paused(self) -> bool:
         return self._paused
 
@@ -308,9 +321,9 @@ class JaxEngine:
             ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
             valid[r, : len(a.request.prompt_ids)] = True
         tokens, logprobs, sub = self._prefill(params, ids, valid, *self._sampling_arrays(actives, n))
-        rows = np.array(free[: len(actives)], np.int32)
-        take = jax.tree.map(lambda x: x[:, :, : len(actives)], sub.layers)
-        self._state = self._insert(self._state, rows, DecodeState(sub.lengths[: len(actives)], take))
+        rows = np.full(n, self.max_batch, np.int32)  # padding rows point past the end and are dropped
+        rows[: len(actives)] = free[: len(actives)]
+        self._state = self._insert(self._state, rows, sub)
         for slot, a, token, logprob in zip(rows, actives, np.asarray(tokens), np.asarray(logprobs)):
             self._slots[slot] = a
             self._record(int(slot), int(token), float(logprob), version)

@@ -376,6 +376,15 @@ class Block(nnx.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
+class UnrolledBlock(nnx.Module):
+    """One repetition of the layer pattern with a separate module (own weight arrays) per layer: runs[r][j]."""
+
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+        self.runs = nnx.List(
+            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs) for _ in range(n)]) for kind, n in config.block_runs]
+        )
+
+
 class Qwen35(nnx.Module):
     """Qwen 3.5 causal LM.
 
@@ -384,18 +393,29 @@ class Qwen35(nnx.Module):
       dtype: compute dtype (float32 or bfloat16); fp32 islands as described in the module docstring.
       param_dtype: dtype of freshly initialised parameters (loaded ones keep their own, see `hf.py`).
       remat: rematerialise each block in the backward pass.
+      unrolled: one module (own weight arrays) per layer, run by a Python loop, instead of stacked parameters
+        run by `lax.scan` (the default, which training, checkpoints and sharding use). For decoding: reading a
+        layer's weights out of a stack inside a compiled step copies them (XLA cannot hand a slice of a buffer
+        to a matmul), which dominates a small-batch decode step. Build it from a stacked model with `unroll`.
       rngs: parameter initialisation.
     """
 
-    def __init__(self, config: Qwen35Config, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+    def __init__(
+        self, config: Qwen35Config, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
+        unrolled: bool = False, rngs: nnx.Rngs,
+    ):  # fmt: skip
         self.config = config
         self.dtype = dtype
         self.remat = remat
+        self.unrolled = unrolled
         self.embed_tokens = nnx.Embed(
             config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
             embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
         )  # fmt: skip
-        self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs), config.num_blocks)
+        if unrolled:
+            self.blocks = nnx.List([UnrolledBlock(config, dtype, param_dtype, rngs) for _ in range(config.num_blocks)])
+        else:
+            self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs), config.num_blocks)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, dtype, param_dtype, rngs)
 
@@ -430,12 +450,28 @@ class Qwen35(nnx.Module):
             h, caches = block(h, positions, caches, lengths, valid, remat=self.remat)
             return sharding.constrain(h, act), caches
         caches = state.layers if state is not None else tuple(None for _ in self.config.block_runs)
-        x, new_caches = scan_stacked(self.blocks, block_fn, x, caches)
+        if self.unrolled:
+            x, new_caches = self._unrolled_layers(x, positions, caches, lengths, valid)
+        else:
+            x, new_caches = scan_stacked(self.blocks, block_fn, x, caches)
         x = self.norm(x)
         if state is None:
             return x, None
         n_new = jnp.full((b,), t, jnp.int32) if valid is None else valid.sum(axis=1).astype(jnp.int32)
         return x, DecodeState(lengths + n_new, new_caches)
+
+    def _unrolled_layers(self, x, positions, caches, lengths, valid):
+        """The layers one after the other (`unrolled`); each reads and writes its own slice of the stacked caches."""
+        caches = list(caches)
+        for b, block in enumerate(self.blocks):
+            for r, run in enumerate(block.runs):
+                for j, layer in enumerate(run):
+                    cache = None if caches[r] is None else jax.tree.map(lambda c: c[b, j], caches[r])
+                    x, cache = layer(x, positions, cache, lengths, valid)
+                    if cache is not None:
+                        caches[r] = jax.tree.map(lambda c, new: c.at[b, j].set(new), caches[r], cache)
+                    x = sharding.constrain(x, ("batch", "length", "act_embed"))
+        return x, tuple(caches)
 
     # -- heads ------------------------------------------------------------------------------------------
 
@@ -485,6 +521,32 @@ class Qwen35(nnx.Module):
         lp, ent = jax.lax.map(one, (hp, tp))
         unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]  # noqa: E731
         return unchunk(lp), unchunk(ent)
+
+
+def unroll_state(state: nnx.State) -> nnx.State:
+    """The parameters of a stacked model laid out for its `unrolled` twin: each [n_blocks, run, ...] parameter
+    becomes n_blocks × run separate arrays (copies)."""
+    flat = []
+    for key, var in nnx.to_flat_state(state):
+        value = var[...] if isinstance(var, nnx.Variable) else var
+        if key[0] != "blocks":
+            flat.append((key, value))
+            continue
+        _, runs, r, *rest = key  # ("blocks", "runs", r, ...) → ("blocks", b, "runs", r, j, ...)
+        for b in range(value.shape[0]):
+            for j in range(value.shape[1]):
+                flat.append((("blocks", b, runs, r, j, *rest), value[b, j]))
+    return nnx.from_flat_state(flat)
+
+
+def unroll(model: Qwen35) -> Qwen35:
+    """The `unrolled` twin of a stacked model (same weights, copied into one array per layer), for decoding."""
+    if model.unrolled:
+        return model
+    graphdef, _ = nnx.split(
+        nnx.eval_shape(lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=True, rngs=nnx.Rngs(0)))
+    )
+    return nnx.merge(graphdef, unroll_state(nnx.state(model)))
 
 
 def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024) -> tuple[Array, Array]:

@@ -1,0 +1,114 @@
+"""Serve a Qwen 3.5 policy with the embedded JaxEngine over SGLang's native gRPC service.
+
+    python launch/serve.py --model_path=/ckpt/qwen3_5_0_8b --port=40000 --max_batch=32 --max_len=8192
+    python launch/serve.py --preset=tiny --port=0 --port_file=/tmp/port   # random tiny model, free port
+
+One process per accelerator host (or per CPU box). The trainer reaches every server with `SglangClient`
+(`engine.kind=grpc`, `engine.servers=host:port,...`) exactly as it reaches SGLang servers, and pushes new
+weights with `UpdateWeightsFromDisk` into a directory the server can read. The server warms up (compiles
+prefill and decode) before it reports ready; it prints `serving on HOST:PORT` and, with --port_file, writes
+the bound port there. SIGTERM/SIGINT aborts running requests and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+DTYPES = ("float32", "bfloat16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model_path", help="HF safetensors checkpoint directory (config.json + model*.safetensors)")
+    src.add_argument("--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos")
+    p.add_argument("--seed", type=int, default=0, help="initialisation seed with --preset")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=40000, help="gRPC port; 0 picks a free one")
+    p.add_argument("--port_file", help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')")
+    p.add_argument("--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)")
+    p.add_argument("--max_batch", type=int, default=8, help="sequences decoded concurrently")
+    p.add_argument("--max_len", type=int, default=4096, help="prompt + completion tokens per sequence")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
+    p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
+    p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
+    args = p.parse_args(argv)
+    if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
+        p.error(f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory")
+    return args
+
+
+def build_engine(args: argparse.Namespace):
+    import jax.numpy as jnp
+
+    from rltldr_jax.engines import JaxEngine
+    from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+
+    dtype = getattr(jnp, args.dtype)
+    if args.model_path:
+        model = load_pretrained(args.model_path, dtype=dtype, compute_dtype=dtype)
+    else:
+        try:
+            config = get_preset(args.preset)
+        except (KeyError, ValueError) as e:
+            sys.exit(f"error: {e}")
+        model = ModelSpec(config, dtype=dtype, param_dtype=dtype).build(seed=args.seed)
+    engine = JaxEngine(model, max_batch=args.max_batch, max_len=args.max_len, weight_version=args.weight_version)
+    return engine, dtype
+
+
+def warm_up(engine) -> None:
+    """Compiles decode and the prefill of every batch bucket (1, 2, 4, ..., max_batch) at the shortest prompt
+    bucket, so that the first requests are not slow; longer prompt buckets compile on first use."""
+    from rltldr_jax.engines import GenerationRequest, SamplingParams
+
+    n = 1
+    while n <= engine.max_batch:
+        engine.generate_many([GenerationRequest((0,), SamplingParams(max_new_tokens=2, seed=i)) for i in range(n)])
+        n *= 2
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from rltldr_jax.engines.server import EngineService, start_http_admin, start_server
+
+    engine, dtype = build_engine(args)
+    if not args.no_warmup:
+        warm_up(engine)
+    service = EngineService(engine, model_path=args.model_path or f"preset:{args.preset}", param_dtype=dtype)
+    server, port = await start_server(service, args.host, args.port)
+    loop = asyncio.get_running_loop()
+    ports = str(port)
+    if args.http_port is not None:
+        http = start_http_admin(service, loop, args.host, args.http_port)
+        ports += f" {http.server_address[1]}"
+        print(f"HTTP admin on {args.host}:{http.server_address[1]}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(ports)
+        os.replace(tmp, args.port_file)  # readers never see a half-written file
+    print(f"serving on {args.host}:{port}", flush=True)
+    await stop.wait()
+    engine.close()  # running requests finish with reason "abort"
+    await server.stop(grace=2.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""A JaxEngine behind SGLang's native gRPC service: a generation server for hosts without SGLang.
+
+`launch/serve.py` runs it. It speaks the subset of `sglang.runtime.v1.SglangService` in
+`proto/sglang/runtime/v1/sglang.proto`, with SGLang's semantics, so `SglangClient` cannot tell it from an
+SGLang server started with `--grpc-port --skip-tokenizer-init`:
+
+- `Generate`: `input_ids` in; one final response (`finished=true`) with `output_ids` and `meta_info`, whose
+  values are JSON strings: `id`, `finish_reason` ({"type": "stop", "matched": id} | {"type": "length",
+  "length": n} | {"type": "abort", "message": ...}), `prompt_tokens`, `completion_tokens`, `cached_tokens`,
+  `weight_version`, and with `return_logprob` `output_token_logprobs` = [[logprob, id, null], ...].
+  Generation stops only on `stop_token_ids` (the engine knows no EOS), as SGLang does with `ignore_eos`.
+  A client that disconnects aborts its request.
+- `UpdateWeightsFromDisk`: loads an HF safetensors directory (as written by `models.save_pretrained`) with
+  the running model's architecture and dtype; on any error the old weights stay and `success=false` says why.
+  The `weight_version` extension field sets the label later outputs report (unset: the label stays, as in
+  SGLang).
+  The same update is offered as SGLang's HTTP `POST /update_weights_from_disk` (`start_http_admin`), so the
+  client's `weight_update="http"` path (the one to use with SGLang) is tested against a real server.
+- `PauseGeneration` ("abort" — the default, as SGLang's — | "in_place" | "retract"), `ContinueGeneration`,
+  `Abort` (one rid or all), `FlushCache` (no prefix cache here: always succeeds), `HealthCheck`,
+  `GetModelInfo`, `GetLoad`.
+
+Bad requests end with gRPC status INVALID_ARGUMENT and a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+import jax.numpy as jnp
+
+from rltldr_jax.engines import sglang_proto as pb
+from rltldr_jax.engines.engine import GenerationRequest, GenerationResult, SamplingParams
+from rltldr_jax.engines.jax_engine import JaxEngine
+from rltldr_jax.models.hf import load_pretrained
+
+log = logging.getLogger(__name__)
+
+# SGLang's defaults for fields a request leaves unset (HTTP `SamplingParams`).
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def sampling_params(request: Any) -> SamplingParams:
+    """Our SamplingParams from a `GenerateRequest`'s optional fields (unset = SGLang's default)."""
+    p = request.sampling_params
+    has = p.HasField
+    return SamplingParams(
+        temperature=p.temperature if has("temperature") else 1.0,
+        top_p=p.top_p if has("top_p") else 1.0,
+        top_k=p.top_k if has("top_k") and p.top_k > 0 else -1,
+        max_new_tokens=p.max_new_tokens if has("max_new_tokens") else DEFAULT_MAX_NEW_TOKENS,
+        stop_token_ids=tuple(p.stop_token_ids),
+        seed=p.seed if has("seed") else None,
+    )
+
+
+def finish_reason_json(result: GenerationResult) -> dict[str, Any]:
+    """SGLang's `meta_info["finish_reason"]` for a result."""
+    if result.finish_reason == "stop":
+        return {"type": "stop", "matched": result.token_ids[-1]}
+    if result.finish_reason == "length":
+        return {"type": "length", "length": len(result.token_ids)}
+    return {"type": "abort", "message": "aborted by the server (abort, pause with mode=abort, or shutdown)"}
+
+
+def meta_info(result: GenerationResult, prompt_tokens: int, with_logprobs: bool) -> dict[str, str]:
+    """The response's meta_info map: every value JSON-encoded, as SGLang's native gRPC server does."""
+    info: dict[str, Any] = {
+        "id": result.request_id,
+        "finish_reason": finish_reason_json(result),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(result.token_ids),
+        "cached_tokens": 0,
+        "weight_version": str(result.weight_version),
+    }
+    if with_logprobs:
+        info["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(result.logprobs, result.token_ids)]
+    return {k: json.dumps(v) for k, v in info.items()}
+
+
+class EngineService:
+    """The RPC implementations (grpc.aio) over one JaxEngine.
+
+    Args:
+      engine: the running engine; the service does not close it.
+      model_path: what `GetModelInfo` reports (the checkpoint the server started from, or the last one loaded).
+      param_dtype: dtype of weights loaded by `UpdateWeightsFromDisk` (the running model's).
+    """
+
+    def __init__(self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32):
+        self.engine = engine
+        self.model_path = model_path
+        self.param_dtype = param_dtype
+        self._update_lock = asyncio.Lock()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        names = [m.name for m in pb.service_descriptor().methods]
+        return pb.generic_handler({name: getattr(self, name) for name in names})
+
+    async def Generate(self, request, context):
+        if request.HasField("logprob_start_len") and request.logprob_start_len >= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "input-token logprobs (logprob_start_len >= 0) are not supported")
+        rid = request.rid if request.HasField("rid") and request.rid else uuid.uuid4().hex
+        try:
+            ours = GenerationRequest(tuple(request.input_ids), sampling_params(request), request_id=rid)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerationResult] = loop.create_future()
+
+        def done(result: GenerationResult) -> None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+        try:
+            self.engine.submit(ours, done)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except RuntimeError as e:  # the engine is closed (e.g. its thread died)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        try:
+            result = await future
+        except asyncio.CancelledError:  # the client went away: free the slot
+            self.engine.abort(rid)
+            raise
+        with_logprobs = request.HasField("return_logprob") and request.return_logprob
+        yield pb.GenerateResponse(
+            output_ids=result.token_ids, meta_info=meta_info(result, len(ours.prompt_ids), with_logprobs), finished=True
+        )
+
+    async def UpdateWeightsFromDisk(self, request, context):
+        if request.HasField("load_format") and request.load_format not in ("", "auto", "safetensors"):
+            return pb.UpdateWeightsResponse(success=False, message=f"load_format {request.load_format!r}: only safetensors")
+        version = request.weight_version if request.HasField("weight_version") else None
+        ok, message = await self.update_from_disk(request.model_path, version)
+        return pb.UpdateWeightsResponse(success=ok, message=message)
+
+    async def update_from_disk(self, model_path: str, weight_version: str | None) -> tuple[bool, str]:
+        """Loads an HF checkpoint as the new weights; returns (success, message). Failures keep the old weights."""
+        version = self.engine.weight_version
+        if weight_version is not None:
+            try:
+                version = int(weight_version)
+            except ValueError:
+                return False, f"weight_version must be an integer, got {weight_version!r}"
+        async with self._update_lock:
+            try:
+                model = await asyncio.to_thread(load_pretrained, model_path, dtype=self.param_dtype, compute_dtype=self.engine.dtype)
+            except Exception as e:  # noqa: BLE001 — any load failure keeps the old weights and is reported
+                return False, f"could not load {model_path!r}: {type(e).__name__}: {e}"
+            if model.config != self.engine.config:
+                return False, f"{model_path!r} has a different architecture than the served model; weights unchanged"
+            self.engine.update_weights(model, version)
+            self.model_path = os.fspath(model_path)
+        log.info("weights updated from %s, version %d", model_path, version)
+        return True, f"loaded {model_path} as version {version}"
+
+    async def PauseGeneration(self, request, context):
+        mode = request.mode or "abort"
+        try:
+            await asyncio.to_thread(self.engine.pause, mode)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.PauseGenerationResponse(message=f"paused ({mode})")
+
+    async def ContinueGeneration(self, request, context):
+        self.engine.resume()
+        return pb.ContinueGenerationResponse(message="continued")
+
+    async def Abort(self, request, context):
+        self.engine.abort(None if request.abort_all else request.rid)
+        return pb.AbortResponse(success=True)
+
+    async def FlushCache(self, request, context):
+        return pb.FlushCacheResponse(success=True, message="the JaxEngine keeps no prefix cache")
+
+    async def HealthCheck(self, request, context):
+        return pb.HealthCheckResponse(healthy=self.engine.error is None and self.engine.running)
+
+    async def GetModelInfo(self, request, context):
+        info = {
+            "model_path": self.model_path,
+            "weight_version": str(self.engine.weight_version),
+            "is_generation": True,
+            "max_batch": self.engine.max_batch,
+            "max_len": self.engine.max_len,
+            "config": self.engine.config.to_hf_dict(),
+        }
+        return pb.GetModelInfoResponse(model_path=self.model_path, json_info=json.dumps(info))
+
+    async def GetLoad(self, request, context):
+        return pb.GetLoadResponse(json_info=json.dumps({**self.engine.load(), "paused": self.engine.paused}))
+
+
+async def start_server(service: EngineService, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int]:
+    """Starts a grpc.aio server for `service`; returns it and the bound port (`port=0` picks a free one)."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
+    server.add_generic_rpc_handlers((service.handler(),))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    await server.start()
+    return server, bound
+
+
+def start_http_admin(service: EngineService, loop: asyncio.AbstractEventLoop, host: str, port: int) -> ThreadingHTTPServer:
+    """SGLang's HTTP weight-update endpoint, `POST /update_weights_from_disk`, plus `GET /health`.
+
+    The body is SGLang's `UpdateWeightFromDiskReqInput` JSON (`model_path` required; `weight_version`
+    optional; other fields such as `flush_cache` or `abort_all_requests` are accepted and ignored); the reply
+    is `{"success": bool, "message": str}`, with status 200 or 400. Runs in a thread; `port=0` picks a free one
+    (`server.server_address[1]`).
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 — http.server's naming
+            if self.path == "/health":
+                self._reply(200, {"healthy": service.engine.running})
+            else:
+                self._reply(404, {"success": False, "message": f"no GET {self.path}"})
+
+        def do_POST(self):  # noqa: N802
+            if self.path != "/update_weights_from_disk":
+                return self._reply(404, {"success": False, "message": f"no POST {self.path}"})
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                model_path = body["model_path"]
+            except (ValueError, KeyError) as e:
+                return self._reply(400, {"success": False, "message": f"bad request body ({e!r}); send JSON with model_path"})
+            version = body.get("weight_version")
+            future = asyncio.run_coroutine_threadsafe(service.update_from_disk(model_path, None if version is None else str(version)), loop)
+            ok, message = future.result()
+            self._reply(200 if ok else 400, {"success": ok, "message": message})
+
+        def log_message(self, fmt, *args):
+            log.info("http %s", fmt % args)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="http-admin", daemon=True).start()
+    return server

@@ -1,0 +1,216 @@
+"""The SGLang client against two real launch/serve.py servers on localhost, over real gRPC (and HTTP).
+
+SGLang itself needs a CUDA GPU; these servers speak the same `sglang.runtime.v1.SglangService` subset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rltldr_jax.engines import GenerationRequest, SamplingParams
+from rltldr_jax.engines import sglang_proto as pb
+from rltldr_jax.engines.sglang_client import NoServerError, SglangClient
+from rltldr_jax.models import ModelSpec, get_preset, save_pretrained, sequence_logprobs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
+
+# The upstream interface (sgl-project/sglang proto/sglang/runtime/v1/sglang.proto, 0.5.23): every message
+# field we declare must carry upstream's number, or a real SGLang server would misread it.
+UPSTREAM_FIELDS = {
+    "SamplingParams": {"temperature": 1, "top_p": 2, "top_k": 3, "max_new_tokens": 8, "stop_token_ids": 11, "ignore_eos": 12},
+    "GenerateRequest": {"input_ids": 1, "sampling_params": 2, "stream": 3, "return_logprob": 4, "logprob_start_len": 6, "rid": 7},
+    "GenerateResponse": {"output_ids": 1, "meta_info": 2, "finished": 3},
+    "HealthCheckResponse": {"healthy": 1},
+    "GetModelInfoResponse": {"model_path": 1, "json_info": 2},
+    "GetLoadRequest": {"dp_rank": 1},
+    "GetLoadResponse": {"json_info": 1},
+    "AbortRequest": {"rid": 1, "abort_all": 2},
+    "AbortResponse": {"success": 1},
+    "FlushCacheResponse": {"success": 1, "message": 2},
+    "PauseGenerationRequest": {"mode": 1},
+    "PauseGenerationResponse": {"message": 1},
+    "ContinueGenerationResponse": {"message": 1},
+    "UpdateWeightsRequest": {"model_path": 1, "load_format": 2},
+    "UpdateWeightsResponse": {"success": 1, "message": 2},
+}
+EXTENSIONS = {"SamplingParams": {"seed": 1000}, "UpdateWeightsRequest": {"weight_version": 1000}}
+UPSTREAM_METHODS = {
+    "Generate": ("GenerateRequest", "GenerateResponse", True),
+    "HealthCheck": ("HealthCheckRequest", "HealthCheckResponse", False),
+    "GetModelInfo": ("GetModelInfoRequest", "GetModelInfoResponse", False),
+    "GetLoad": ("GetLoadRequest", "GetLoadResponse", False),
+    "Abort": ("AbortRequest", "AbortResponse", False),
+    "FlushCache": ("FlushCacheRequest", "FlushCacheResponse", False),
+    "PauseGeneration": ("PauseGenerationRequest", "PauseGenerationResponse", False),
+    "ContinueGeneration": ("ContinueGenerationRequest", "ContinueGenerationResponse", False),
+    "UpdateWeightsFromDisk": ("UpdateWeightsRequest", "UpdateWeightsResponse", False),
+}
+
+
+def test_proto_matches_the_upstream_interface():
+    service = pb.service_descriptor()
+    assert service.full_name == "sglang.runtime.v1.SglangService"
+    methods = {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods}
+    assert methods == UPSTREAM_METHODS
+    for message, fields in pb.file_descriptor().message_types_by_name.items():
+        declared = {f.name: f.number for f in fields.fields}
+        assert declared == {**UPSTREAM_FIELDS.get(message, {}), **EXTENSIONS.get(message, {})}, message
+
+
+class Server:
+    """A launch/serve.py subprocess on free gRPC and HTTP ports."""
+
+    def __init__(self, model_path: str, tmp: str, name: str):
+        self.port_file = os.path.join(tmp, f"{name}.port")
+        self.log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 — closed in stop()
+        cmd = [sys.executable, os.path.join(ROOT, "launch", "serve.py"), f"--model_path={model_path}", "--port=0", "--http_port=0",
+               f"--port_file={self.port_file}", "--max_batch=2", "--max_len=128"]  # fmt: skip
+        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.grpc = self.http = None
+
+    def wait(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.port_file):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server failed to start:\n{open(self.log.name).read()[-3000:]}")
+            time.sleep(0.2)
+        grpc_port, http_port = open(self.port_file).read().split()
+        self.grpc, self.http = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grpc")
+    models = {name: ModelSpec(CONFIG).build(seed=seed) for name, seed in (("m0", 0), ("m1", 1), ("m2", 2))}
+    for name, model in models.items():
+        save_pretrained(model, tmp / name)
+    return tmp, models
+
+
+@pytest.fixture(scope="module")
+def servers(checkpoints):
+    tmp, _ = checkpoints
+    pair = [Server(str(tmp / "m0"), str(tmp), name) for name in ("a", "b")]
+    try:
+        for s in pair:
+            s.wait()
+        yield pair
+    finally:
+        for s in pair:
+            s.stop()
+
+
+def _prompts(n: int, seed: int = 0, length: int = 12) -> list[tuple[int, ...]]:
+    """Prompts of one length: the servers' warm-up compiled its bucket, the teacher-forced check compiles once."""
+    return [tuple(row) for row in np.random.default_rng(seed).integers(0, 256, size=(n, length)).tolist()]
+
+
+@jax.jit
+def _logprobs(model, ids):
+    return sequence_logprobs(model, ids)[0]
+
+
+def _teacher_forced(model, prompt, tokens) -> np.ndarray:
+    """The trainer's recomputation: logprobs of `tokens` given `prompt` under `model`."""
+    return np.asarray(_logprobs(model, jnp.asarray([prompt + tokens])))[0, len(prompt) :]
+
+
+def test_generation_over_two_servers_matches_trainer_logprobs(servers, checkpoints):
+    _, models = checkpoints
+    with SglangClient([s.grpc for s in servers]) as client:
+        requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(_prompts(8))]
+        results = client.generate_many(requests)
+        assert all(n > 0 for n in client.served_counts().values())  # least-outstanding routing used both
+    for request, result in zip(requests, results):
+        assert result.request_id == request.request_id and result.finish_reason == "length" and result.weight_version == 0
+        np.testing.assert_allclose(result.logprobs, _teacher_forced(models["m0"], request.prompt_ids, result.token_ids), atol=2e-5)
+
+
+def test_same_seed_same_completion_on_either_server(servers):
+    request = GenerationRequest(_prompts(1, seed=1)[0], SamplingParams(max_new_tokens=12, seed=42, stop_token_ids=(7,)))
+    outputs = []
+    for s in servers:
+        with SglangClient([s.grpc]) as client:
+            outputs.append(client.generate_many([request])[0])
+    assert outputs[0].token_ids == outputs[1].token_ids
+    np.testing.assert_allclose(outputs[0].logprobs, outputs[1].logprobs, atol=1e-6)
+
+
+def test_bad_request_is_rejected_not_retried(servers):
+    with SglangClient([s.grpc for s in servers]) as client:
+        with pytest.raises(ValueError, match="prompt ids outside"):
+            client.generate_many([GenerationRequest((5, 999), SamplingParams(max_new_tokens=2))])
+        assert client.retries == 0
+
+
+def test_unreachable_server_is_a_clear_error():
+    with pytest.raises(NoServerError, match="not reachable"):
+        SglangClient(["127.0.0.1:9"], connect_timeout_s=1.0)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_weight_push_changes_outputs_and_version(servers, checkpoints, tmp_path, transport):
+    _, models = checkpoints
+    new, version = (models["m1"], 1) if transport == "grpc" else (models["m2"], 2)
+    prompt = _prompts(1, seed=2)[0]
+    greedy = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=8))
+    kwargs = {"weight_update": transport, "http_urls": [s.http for s in servers] if transport == "http" else None}
+    with SglangClient([s.grpc for s in servers], weight_dir=tmp_path, **kwargs) as client:
+        before = client.generate_many([greedy, greedy])
+        client.update_weights(new, version)
+        assert client.weight_version == version and os.listdir(tmp_path) == [f"v{version:06d}"]
+        after = client.generate_many([GenerationRequest(prompt, greedy.params) for _ in range(4)])  # both servers
+    assert all(r.weight_version == version for r in after) and len({r.token_ids for r in after}) == 1
+    assert all(r.token_ids != b.token_ids or r.logprobs != b.logprobs for r in after for b in before)
+    for r in after:  # the new weights produced every token: logprobs are the new model's
+        np.testing.assert_allclose(r.logprobs, _teacher_forced(new, prompt, r.token_ids), atol=2e-5)
+
+
+def test_push_of_a_bad_checkpoint_fails_and_keeps_weights(servers, checkpoints, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    probe = GenerationRequest((1, 2), SamplingParams(max_new_tokens=1))
+    with SglangClient([s.grpc for s in servers]) as client:
+        version = client.generate_many([probe])[0].weight_version
+    with SglangClient([s.grpc for s in servers], weight_version=version) as client:
+        with pytest.raises(RuntimeError, match="could not load"):
+            client.push_weights(tmp_path, 99)
+        assert client.weight_version == version
+        assert client.generate_many([probe])[0].weight_version == version
+
+
+def test_a_server_killed_mid_phase_loses_no_request(servers):
+    """Kill one server while requests are in flight: every request completes exactly once on the other."""
+    victim, survivor = servers
+    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=48, seed=i)) for i, p in enumerate(_prompts(16, seed=3))]
+
+    async def phase(client):
+        tasks = [asyncio.ensure_future(client.generate(r)) for r in requests]
+        while sum(t.done() for t in tasks) < 2:  # mid-phase: some finished, many in flight on both servers
+            await asyncio.sleep(0.05)
+        victim.process.send_signal(signal.SIGKILL)
+        return await asyncio.gather(*tasks)
+
+    with SglangClient([s.grpc for s in servers]) as client:
+        results = asyncio.run(phase(client))
+        assert client.live_servers == [survivor.grpc] and client.retries >= 1
+    assert [r.request_id for r in results] == [q.request_id for q in requests]
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 48 for r in results)
