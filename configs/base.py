@@ -142,7 +142,12 @@ def get_config() -> ml_collections.ConfigDict:
     # --- Generation engine -----------------------------------------------------------------------------
     c.engine = ml_collections.ConfigDict()
     c.engine.kind = "sglang"  # jax (embedded, CPU/Colab/tests) | sglang (SGLang servers over gRPC) | grpc (launch/serve.py)
-    c.engine.servers = ""  # comma-separated host:port of the generation servers (sglang | grpc)
+    c.engine.servers = ""  # comma-separated host:port of the servers' gRPC listeners (sglang | grpc)
+    # SGLang's HTTP base URLs (http://host:port, same order as servers): weight pushes with version labels go to
+    # POST /update_weights_from_disk there (SGLang's gRPC update has no version field). launch/serve_sglang.py
+    # prints both lists. Empty for kind=grpc (launch/serve.py takes the version over gRPC).
+    c.engine.http_servers = ""
+    c.engine.request_timeout_s = 0.0  # per-attempt deadline of one generation request; 0 = none (not in the paper)
     c.engine.weight_sync_dir = ""  # shared directory for HF-format weight pushes; "" = {workdir}/weights
     c.engine.max_batch = 64  # concurrent sequences of the embedded engine
 
@@ -237,6 +242,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "batch.grad_accum_steps": (1, None, True, True),
     "batch.pad_to_multiple": (1, None, True, True),
     "engine.max_batch": (1, None, True, True),
+    "engine.request_timeout_s": (0, None, True, True),
     "train.env_step_budget": (0, None, True, True),
     "train.max_phases": (0, None, True, True),
     "train.checkpoint_every": (1, None, True, True),
@@ -287,6 +293,12 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
         errors.append(
             f"insight.first_k_max_successes={c.insight.first_k_max_successes} exceeds insight.first_k="
             f"{c.insight.first_k}: the rule would always insert"
+        )
+    servers = [a for a in c.engine.servers.split(",") if a.strip()]
+    http_servers = [a for a in c.engine.http_servers.split(",") if a.strip()]
+    if http_servers and len(http_servers) != len(servers):
+        errors.append(
+            f"engine.http_servers lists {len(http_servers)} URLs for {len(servers)} engine.servers; give one per server, same order"
         )
     if c.rollout.top_k == 0 or c.rollout.top_k < -1:
         errors.append(f"rollout.top_k={c.rollout.top_k}: use -1 (off) or a positive k")

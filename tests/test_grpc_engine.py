@@ -214,3 +214,16 @@ def test_a_server_killed_mid_phase_loses_no_request(servers):
         assert client.live_servers == [survivor.grpc] and client.retries >= 1
     assert [r.request_id for r in results] == [q.request_id for q in requests]
     assert all(r.finish_reason == "length" and len(r.token_ids) == 48 for r in results)
+
+
+def test_serve_sglang_commands_and_clear_error_without_sglang():
+    script = os.path.join(ROOT, "launch", "serve_sglang.py")
+    dry = subprocess.run([sys.executable, script, "--model_path=/ckpt/q", "--num_servers=2", "--tp=2", "--dry_run"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert dry[1].startswith("CUDA_VISIBLE_DEVICES=2,3 ")
+    for flag in ("--grpc-port 40001", "--port 30001", "--skip-tokenizer-init", "--weight-version 0", "--tp-size 2"):
+        assert flag in dry[1]
+    assert dry[2].endswith("engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001")
+    real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
+    assert real.returncode != 0
+    assert "SGLang is not installed" in real.stderr or "no CUDA GPU" in real.stderr
