@@ -1,0 +1,41 @@
+"""Task, Verdict and the resumable TaskSource."""
+
+import pytest
+
+from rltldr_jax.envs import Task, TaskSource
+
+
+def _tasks(n: int) -> list[Task]:
+    return [Task(f"t/{i}", f"goal {i}", "sapi", "train", {"seed": i}) for i in range(n)]
+
+
+def test_order_is_a_seeded_permutation_per_epoch():
+    source = TaskSource(_tasks(5), seed=3)
+    first, second = source.take(5), source.take(5)
+    assert sorted(t.task_id for t in first) == sorted(t.task_id for t in second) == [f"t/{i}" for i in range(5)]
+    assert [t.task_id for t in first] != [t.task_id for t in second]  # a fresh permutation each epoch
+    again = TaskSource(_tasks(5), seed=3)
+    assert again.take(10) == first + second
+    assert [t.task_id for t in TaskSource(_tasks(5), shuffle=False).take(7)] == ["t/0", "t/1", "t/2", "t/3", "t/4", "t/0", "t/1"]
+
+
+def test_cursor_resumes_exactly():
+    uninterrupted = TaskSource(_tasks(7), seed=1)
+    expected = uninterrupted.take(3) + uninterrupted.take(9)
+    source = TaskSource(_tasks(7), seed=1)
+    head = source.take(3)
+    state = source.state()
+    resumed = TaskSource(_tasks(7), seed=1)
+    resumed.restore(state)
+    assert head + resumed.take(9) == expected
+    with pytest.raises(ValueError, match="different split"):
+        TaskSource(_tasks(6), seed=1).restore(state)
+
+
+def test_bad_splits_and_json_round_trip():
+    with pytest.raises(ValueError, match="duplicate task ids"):
+        TaskSource(_tasks(2) + _tasks(1))
+    with pytest.raises(ValueError, match="at least one task"):
+        TaskSource([])
+    task = _tasks(1)[0]
+    assert Task.from_json(task.to_json()) == task
