@@ -1,0 +1,1 @@
+"""SAPI: a deterministic, AppWorld-like synthetic-API world (apps, tasks, golden solutions, verifier)."""
