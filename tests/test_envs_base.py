@@ -39,3 +39,21 @@ def test_bad_splits_and_json_round_trip():
         TaskSource([])
     task = _tasks(1)[0]
     assert Task.from_json(task.to_json()) == task
+
+
+def test_registry_splits_and_envs():
+    from rltldr_jax.envs import load_tasks, make_env
+
+    sapi = load_tasks("sapi", "eval", seed=0)
+    assert len(sapi) == 1624 and all(t.env == "sapi" and t.split == "eval" for t in sapi)
+    coding = load_tasks("leetcode", "eval")
+    assert len(coding) == 164 and coding[0].task_id.startswith("humaneval/")
+    env = make_env("sapi", step_timeout_s=5.0)
+    try:
+        assert env.reset(sapi[0]) == sapi[0].goal
+        assert "Execution successful." in env.step("x = 1").observation
+        assert not env.verify().success  # nothing done yet
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="unknown environment 'webshop'"):
+        make_env("webshop")
