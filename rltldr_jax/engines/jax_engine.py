@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -32,6 +33,16 @@ from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
 from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, init_decode_state
 
 MIN_PREFILL_BUCKET = 16
+
+log = logging.getLogger(__name__)
+
+
+def _deliver(done: Callable[[GenerationResult], None], result: GenerationResult) -> None:
+    """Calls a request's callback; a failing callback is logged, never allowed to stop the scheduler."""
+    try:
+        done(result)
+    except Exception:  # noqa: BLE001
+        log.exception("the done-callback of request %s raised", result.request_id)
 
 
 def _bucket(n: int, minimum: int = 1) -> int:
@@ -138,6 +149,7 @@ class JaxEngine:
         self._seed_counter = int(np.random.SeedSequence().generate_state(1)[0])
         self._key_shape = jax.random.key_data(jax.random.key(0)).shape
         self._busy = False  # the scheduler is inside a step (guarded by _lock)
+        self._admitting: list[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = []
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
 
@@ -221,8 +233,9 @@ class JaxEngine:
             if mode == "abort":
                 self._abort_all = True
             self._lock.notify_all()
-            # The scheduler holds no lock while it runs a step; it acknowledges the pause at its next loop top.
-            while self._busy and not self._closed:
+            # The scheduler holds no lock while it runs a step; it acknowledges the pause at its next loop top
+            # (and applies pending aborts first). Do not call pause() from a done-callback: it would wait for itself.
+            while (self._busy or self._abort_all) and not self._closed:
                 self._lock.wait()
 
     def resume(self) -> None:
@@ -306,6 +319,7 @@ class JaxEngine:
             batch = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
         if not batch:
             return
+        self._admitting = batch  # until they sit in slots; if anything below raises, _run's cleanup aborts them
         actives = []
         for request, done in batch:
             seed = request.params.seed
@@ -324,8 +338,10 @@ class JaxEngine:
         rows = np.full(n, self.max_batch, np.int32)  # padding rows point past the end and are dropped
         rows[: len(actives)] = free[: len(actives)]
         self._state = self._insert(self._state, rows, sub)
-        for slot, a, token, logprob in zip(rows, actives, np.asarray(tokens), np.asarray(logprobs)):
+        for slot, a in zip(rows, actives):
             self._slots[slot] = a
+        self._admitting = []
+        for slot, token, logprob in zip(rows, np.asarray(tokens), np.asarray(logprobs)):
             self._record(int(slot), int(token), float(logprob), version)
 
     def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
@@ -342,7 +358,7 @@ class JaxEngine:
     def _finish(self, slot: int, reason: str, version: int) -> None:
         a = self._slots[slot]
         self._slots[slot] = None
-        a.done(GenerationResult(a.request.request_id, tuple(a.tokens), tuple(a.logprobs), reason, version))
+        _deliver(a.done, GenerationResult(a.request.request_id, tuple(a.tokens), tuple(a.logprobs), reason, version))
 
     def _step(self, params, version: int) -> None:
         """One decode step for every active slot."""
@@ -368,7 +384,7 @@ class JaxEngine:
             if s is not None and (everything or s.request.request_id in ids):
                 self._finish(slot, "abort", version)
         for request, done in queued:
-            done(GenerationResult(request.request_id, (), (), "abort", version))
+            _deliver(done, GenerationResult(request.request_id, (), (), "abort", version))
 
     def _run(self) -> None:
         try:
@@ -403,6 +419,9 @@ class JaxEngine:
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._finish(slot, "abort", self._version)
-            while self._queue:
-                request, done = self._queue.popleft()
-                done(GenerationResult(request.request_id, (), (), "abort", self._version))
+            leftover, self._admitting = self._admitting, []
+            with self._lock:
+                leftover += list(self._queue)
+                self._queue.clear()
+            for request, done in leftover:
+                _deliver(done, GenerationResult(request.request_id, (), (), "abort", self._version))

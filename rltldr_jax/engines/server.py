@@ -8,7 +8,8 @@ SGLang server started with `--grpc-port --skip-tokenizer-init`:
   values are JSON strings: `id`, `finish_reason` ({"type": "stop", "matched": id} | {"type": "length",
   "length": n} | {"type": "abort", "message": ...}), `prompt_tokens`, `completion_tokens`, `cached_tokens`,
   `weight_version`, and with `return_logprob` `output_token_logprobs` = [[logprob, id, null], ...].
-  Generation stops only on `stop_token_ids` (the engine knows no EOS), as SGLang does with `ignore_eos`.
+  Generation stops only on `stop_token_ids` (the engine knows no EOS ids; `ignore_eos` is accepted and has no
+  effect). Seeds must be in [0, 2**32).
   A client that disconnects aborts its request.
 - `UpdateWeightsFromDisk`: loads an HF safetensors directory (as written by `models.save_pretrained`) with
   the running model's architecture and dtype; on any error the old weights stay and `success=false` says why.
@@ -230,7 +231,8 @@ def start_http_admin(service: EngineService, loop: asyncio.AbstractEventLoop, ho
 
         def do_GET(self):  # noqa: N802 — http.server's naming
             if self.path == "/health":
-                self._reply(200, {"healthy": service.engine.running})
+                healthy = service.engine.running
+                self._reply(200 if healthy else 503, {"healthy": healthy})
             else:
                 self._reply(404, {"success": False, "message": f"no GET {self.path}"})
 

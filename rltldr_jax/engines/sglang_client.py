@@ -5,19 +5,30 @@ Servers are SGLang (`sglang serve --grpc-port N --skip-tokenizer-init`, see laun
 episodes over them:
 
 - Routing: each request goes to the live server with the fewest outstanding requests.
-- Failures: a request whose server fails (connection lost, killed, timed out, or the server aborted it) is
-  sent again to another live server with the same request id and the same seed; a server that fails a
-  health check is marked dead and gets no more requests. A request returns exactly one result: a retry
-  only happens when no result came back, and a timed-out request is aborted on its server first. When no
-  server is left, `generate` raises.
+- Failures: a request whose server fails (connection lost, killed, timed out) is sent again to another live
+  server with the same seed; a server that then fails a health check is marked dead and gets no more
+  requests. A request the server aborted (a weight push pauses with mode "abort") waits for the push to end
+  and is sent again; such retries do not use up `max_attempts`. A request returns exactly one result: a retry
+  only happens when no result came back, a timed-out attempt is aborted on its server first, and every
+  attempt carries its own id on the wire (`{request_id}#{n}`), so a late abort of one attempt cannot hit the
+  next. When no server is left, `generate` raises `NoServerError`.
 - Weight push (`update_weights`): the params are exported as HF safetensors (`save_pretrained`) into
   `{weight_dir}/v{version:06d}` (written under a temporary name and renamed, so a server never reads a
   half-written checkpoint), then on every live server, concurrently: PauseGeneration → update →
   ContinueGeneration. The update is gRPC `UpdateWeightsFromDisk` (`weight_update="grpc"`, with the
   `weight_version` extension field that launch/serve.py honours) or SGLang's HTTP
-  `POST /update_weights_from_disk {"model_path", "weight_version"}` (`weight_update="http"`, for SGLang,
-  whose native gRPC message has no version field). Afterwards every result of a request submitted after the
-  push must report that version; one that does not raises `StaleWeightsError`.
+  `POST /update_weights_from_disk {"model_path", "weight_version"}` (`weight_update="http"`: required for
+  SGLang, whose native gRPC message has no version field; a gRPC push whose version does not show up in
+  `GetModelInfo` fails with that advice). A server whose update fails while others succeed is taken out of
+  rotation (it would serve stale weights); if every server fails, the push raises and the version stays.
+  Afterwards every result of a request submitted after the push must report that version; one that does
+  not raises `StaleWeightsError`.
+
+Differences between backends worth knowing: SGLang also stops on the model's EOS ids (put them in
+`stop_token_ids` to get the same behaviour from launch/serve.py); SGLang's logprobs are taken after temperature
+but before top-p/top-k truncation, the JaxEngine's after (identical at top_p=1, top_k=-1, the RL setting);
+SGLang ignores the seed extension, so a retried request is resampled there; SGLang reports bad requests as
+INTERNAL, so they are retried before failing.
 
 All gRPC traffic runs on one private asyncio event loop in a background thread, so `generate` can be awaited
 from any event loop (or many), and the blocking methods (`update_weights`, `generate_many`) from plain code.
@@ -66,6 +77,10 @@ class StaleWeightsError(RuntimeError):
     """A server answered with an older weight version than the one pushed before the request."""
 
 
+class ClientClosedError(RuntimeError):
+    """The client was closed while the request was in flight."""
+
+
 @dataclasses.dataclass
 class _Server:
     address: str
@@ -81,14 +96,16 @@ def parse_response(response: Any, request_id: str) -> GenerationResult:
     """A GenerationResult from SGLang's final GenerateResponse (meta_info values are JSON strings)."""
     meta = {k: json.loads(v) for k, v in response.meta_info.items()}
     ids = tuple(int(t) for t in response.output_ids)
+    reason = meta.get("finish_reason") or {}
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    if kind == "abort":  # abort paths may omit logprobs and version: nothing else is needed
+        return GenerationResult(request_id, (), (), "abort", -1)
     if "output_token_logprobs" not in meta:
         raise ValueError(f"request {request_id}: the server returned no output_token_logprobs (return_logprob ignored?)")
     logprobs = tuple(float(x[0]) for x in meta["output_token_logprobs"])
     if len(logprobs) != len(ids) or any(int(x[1]) != t for x, t in zip(meta["output_token_logprobs"], ids)):
         raise ValueError(f"request {request_id}: output_token_logprobs do not match output_ids")
-    reason = meta.get("finish_reason") or {}
-    kind = reason.get("type") if isinstance(reason, dict) else None
-    if kind not in ("stop", "length", "abort"):
+    if kind not in ("stop", "length"):
         raise ValueError(f"request {request_id}: unknown finish_reason {reason!r}")
     raw_version = meta.get("weight_version", "")
     try:
@@ -114,7 +131,8 @@ class SglangClient:
       pause_mode: PauseGeneration mode around a push. "abort" (default) makes in-flight requests come back
         aborted, and they are retried on the new weights, so no completion mixes two versions.
       request_timeout_s: per-attempt deadline of a Generate call (None: none).
-      max_attempts: tries per request before `generate` gives up.
+      max_attempts: failed tries (transport errors, timeouts) per request before `generate` gives up.
+      max_aborts: server-side aborts (e.g. by pushes) tolerated per request before `generate` gives up.
       keep_exports: pushed checkpoint directories kept on disk (older ones are deleted).
       connect_timeout_s: how long to wait for every server's health check at start.
     """
@@ -131,6 +149,7 @@ class SglangClient:
         pause_mode: Literal["abort", "in_place", "retract"] = "abort",
         request_timeout_s: float | None = None,
         max_attempts: int = 4,
+        max_aborts: int = 64,
         keep_exports: int = 2,
         connect_timeout_s: float = 60.0,
         weight_version: int = 0,
@@ -149,15 +168,24 @@ class SglangClient:
         self.pause_mode = pause_mode
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts
+        self.max_aborts = max_aborts
         self.keep_exports = keep_exports
         self._version = int(weight_version)
         self._exports: list[str] = []
         self._rng = np.random.default_rng()
         self.retries = 0  # attempts that failed and were sent again (for metrics)
+        self.push_failures: list[str] = []  # servers taken out of rotation by a failed update
+        self._closing = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-client", daemon=True)
         self._thread.start()
-        self._call(self._connect(connect_timeout_s))
+        self._tasks: set[asyncio.Task] = set()
+        self._call(self._setup())
+        try:
+            self._call(self._connect(connect_timeout_s))
+        except BaseException:
+            self.close()
+            raise
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -175,14 +203,16 @@ class SglangClient:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generates one completion on some live server; many calls may be in flight at once."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._generate(request), self._loop))
+        self._check_open()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._tracked(request), self._loop))
 
     def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Blocking batch generation (results in request order)."""
 
         async def gather():
-            return await asyncio.gather(*(self._generate(r) for r in requests))
+            return await asyncio.gather(*(self._tracked(r) for r in requests))
 
+        self._check_open()
         return self._call(gather())
 
     def update_weights(self, params: Any, version: int) -> None:
@@ -203,7 +233,11 @@ class SglangClient:
         save_pretrained(model, tmp, dtype=self.export_dtype)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-        self.push_weights(path, version)
+        try:
+            self.push_weights(path, version)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)  # no server uses it
+            raise
         self._exports.append(path)
         while len(self._exports) > self.keep_exports:
             shutil.rmtree(self._exports.pop(0), ignore_errors=True)
@@ -213,15 +247,25 @@ class SglangClient:
         self._call(self._push(os.fspath(model_path), int(version)))
 
     def close(self) -> None:
+        """Ends every request still in flight with `ClientClosedError`, closes the channels and the loop."""
+
         async def shutdown():
+            self._closing = True
+            pending = [t for t in self._tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             for s in self._servers:
                 if s.channel is not None:
                     await s.channel.close()
 
+        if self._loop.is_closed():
+            return
         if self._loop.is_running():
             self._call(shutdown())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
+        self._loop.close()
 
     def __enter__(self) -> SglangClient:
         return self
@@ -231,8 +275,32 @@ class SglangClient:
 
     # -- internals (run on the client's loop) -------------------------------------------------------------
 
+    def _check_open(self) -> None:
+        if self._closing or self._loop.is_closed():
+            raise ClientClosedError("the SglangClient is closed")
+
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _setup(self) -> None:
+        """Loop-bound primitives: a push lock and an event set whenever no push is running."""
+        self._push_lock = asyncio.Lock()
+        self._no_push = asyncio.Event()
+        self._no_push.set()
+
+    async def _tracked(self, request: GenerationRequest) -> GenerationResult:
+        """`_generate` as a task that `close()` can cancel; a cancelled request raises ClientClosedError."""
+        if self._closing:
+            raise ClientClosedError("the SglangClient is closed")
+        task = asyncio.ensure_future(self._generate(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._closing:
+                raise ClientClosedError(f"the SglangClient was closed while request {request.request_id} was in flight") from None
+            raise
 
     async def _connect(self, timeout_s: float) -> None:
         for s in self._servers:
@@ -267,54 +335,59 @@ class SglangClient:
             server.alive = False
             log.warning("generation server %s is dead (%s); %d left", server.address, error, len(self.live_servers))
 
-    def _message(self, request: GenerationRequest, seed: int) -> Any:
+    def _message(self, request: GenerationRequest, seed: int, rid: str) -> Any:
         p = request.params
         sampling = pb.SamplingParams(
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
             max_new_tokens=p.max_new_tokens,
-            stop_token_ids=p.stop_token_ids,
-            ignore_eos=True,  # stop only on stop_token_ids, as the JaxEngine does
+            stop_token_ids=p.stop_token_ids,  # ignore_eos stays unset: in SGLang it would disable these too
             seed=seed,
         )
-        return pb.GenerateRequest(
-            input_ids=request.prompt_ids, sampling_params=sampling, stream=False, return_logprob=True, rid=request.request_id
-        )
+        return pb.GenerateRequest(input_ids=request.prompt_ids, sampling_params=sampling, stream=False, return_logprob=True, rid=rid)
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        seed = request.params.seed if request.params.seed is not None else int(self._rng.integers(0, 2**62))
-        message = self._message(request, seed)
-        submitted_version = self._version
+        seed = request.params.seed if request.params.seed is not None else int(self._rng.integers(0, 2**32))
         tried: set[str] = set()
         errors: list[str] = []
-        for _ in range(self.max_attempts):
+        failures = aborts = 0
+        while True:
+            await self._no_push.wait()  # a push in progress: its pause would only abort this attempt
+            submitted_version = self._version
             server = self._pick(tried)
             tried.add(server.address)
+            rid = f"{request.request_id}#{failures + aborts}"
             server.outstanding += 1
             try:
                 final = None
-                async for response in server.stub.Generate(message, timeout=self.request_timeout_s):
+                async for response in server.stub.Generate(self._message(request, seed, rid), timeout=self.request_timeout_s):
                     final = response
                 if final is None or not final.finished:
-                    raise ValueError(f"request {request.request_id}: the stream from {server.address} ended unfinished")
+                    raise _Unfinished(f"the stream from {server.address} ended before the request finished")
                 result = parse_response(final, request.request_id)
-            except grpc.aio.AioRpcError as e:
-                if e.code() not in RETRYABLE:
+            except (grpc.aio.AioRpcError, _Unfinished) as e:
+                code = e.code() if isinstance(e, grpc.aio.AioRpcError) else grpc.StatusCode.UNAVAILABLE
+                if code not in RETRYABLE:
                     raise ValueError(f"request {request.request_id} rejected by {server.address}: {e.details()}") from None
-                errors.append(f"{server.address}: {e.code().name} {e.details()}")
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # make sure the old attempt stops generating
-                    await self._abort(server, request.request_id)
+                errors.append(f"{server.address}: {code.name} {e.details() if isinstance(e, grpc.aio.AioRpcError) else e}")
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:  # make sure the old attempt stops generating
+                    await self._abort(server, rid)
                 await self._mark_if_dead(server, e)
                 self.retries += 1
+                failures += 1
+                if failures >= self.max_attempts:
+                    raise RuntimeError(f"request {request.request_id} failed {failures} times: {errors}") from None
                 continue
             finally:
                 server.outstanding -= 1
-            if result.finish_reason == "abort":  # paused with mode=abort for a push, or shutting down
-                errors.append(f"{server.address}: aborted")
+            if result.finish_reason == "abort":  # paused with mode=abort for a push, or the server is shutting down
                 self.retries += 1
+                aborts += 1
                 tried.discard(server.address)  # the server may be fine: it was only paused
-                await asyncio.sleep(0.05)
+                if aborts >= self.max_aborts:
+                    raise RuntimeError(f"request {request.request_id} was aborted by the servers {aborts} times: {errors}")
+                await asyncio.sleep(0.01)
                 continue
             if result.weight_version < submitted_version:
                 raise StaleWeightsError(
@@ -323,7 +396,6 @@ class SglangClient:
                 )
             server.served += 1
             return result
-        raise RuntimeError(f"request {request.request_id} failed {self.max_attempts} times: {errors}")
 
     async def _abort(self, server: _Server, rid: str) -> None:
         try:
@@ -332,36 +404,72 @@ class SglangClient:
             pass
 
     async def _push(self, model_path: str, version: int) -> None:
-        live = [s for s in self._servers if s.alive]
-        if not live:
-            raise NoServerError("no live generation server to push weights to")
-        outcomes = await asyncio.gather(*(self._push_one(s, model_path, version) for s in live), return_exceptions=True)
-        failed = []
-        for server, outcome in zip(live, outcomes):
-            if isinstance(outcome, grpc.aio.AioRpcError | ConnectionError):  # unreachable: dead servers drop out
-                await self._mark_if_dead(server, outcome)
-            if isinstance(outcome, BaseException) and server.alive:
-                failed.append(f"{server.address}: {outcome}")
-        if failed:
-            raise RuntimeError(f"weight push of {model_path} (version {version}) failed on live servers: {failed}")
-        self._version = version
-        log.info("pushed %s as version %d to %d servers", model_path, version, len(self.live_servers))
+        async with self._push_lock:
+            live = [s for s in self._servers if s.alive]
+            if not live:
+                raise NoServerError("no live generation server to push weights to")
+            self._no_push.clear()
+            try:
+                outcomes = await asyncio.gather(*(self._push_one(s, model_path, version) for s in live), return_exceptions=True)
+            finally:
+                self._no_push.set()
+            failed = []
+            for server, outcome in zip(live, outcomes):
+                if isinstance(outcome, grpc.aio.AioRpcError | ConnectionError):  # unreachable: dead servers drop out
+                    await self._mark_if_dead(server, outcome)
+                if isinstance(outcome, BaseException) and server.alive:
+                    failed.append((server, f"{server.address}: {outcome}"))
+            if len(failed) == len(live):
+                raise RuntimeError(f"weight push of {model_path} (version {version}) failed on every server: {[f for _, f in failed]}")
+            for server, reason in failed:  # the others have the new weights: a server with old ones must not serve
+                server.alive = False
+                self.push_failures.append(reason)
+                log.warning("taking %s out of rotation: its weight update failed (%s)", server.address, reason)
+            if not any(s.alive for s in self._servers):
+                raise NoServerError(f"weight push of {model_path} left no live server")
+            self._version = version
+            log.info("pushed %s as version %d to %d servers", model_path, version, len(self.live_servers))
 
     async def _push_one(self, server: _Server, model_path: str, version: int) -> None:
-        await server.stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=60.0)
+        """pause → update → continue on one server; continue is always attempted, and a server that cannot be
+        continued is marked dead (a paused server would pass health checks but never answer)."""
+        error: BaseException | None = None
         try:
+            await server.stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=600.0)
             if self.weight_update == "grpc":
                 response = await server.stub.UpdateWeightsFromDisk(
                     pb.UpdateWeightsRequest(model_path=model_path, weight_version=str(version)), timeout=3600.0
                 )
-                ok, message = response.success, response.message
+                if not response.success:
+                    raise RuntimeError(f"update refused: {response.message}")
+                info = json.loads((await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)).json_info or "{}")
+                if str(info.get("weight_version", version)) != str(version):
+                    raise RuntimeError(
+                        f"the server reports weight_version {info.get('weight_version')!r} after loading version {version}: "
+                        "it ignores the gRPC weight_version field (SGLang does); use weight_update='http' with its HTTP URLs"
+                    )
             else:
                 body = {"model_path": model_path, "weight_version": str(version), "flush_cache": True}
                 ok, message = await asyncio.to_thread(_post_json, f"{server.http_url}/update_weights_from_disk", body)
-        finally:
-            await server.stub.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=60.0)
-        if not ok:
-            raise RuntimeError(f"update refused: {message}")
+                if not ok:
+                    raise RuntimeError(f"update refused: {message}")
+        except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
+            error = e
+        for attempt in range(3):
+            try:
+                await server.stub.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=60.0)
+                break
+            except grpc.aio.AioRpcError as e:
+                if attempt == 2:
+                    server.alive = False
+                    log.warning("%s could not be continued after a push and is dead to this client: %s", server.address, e)
+                    error = error or e
+        if error is not None:
+            raise error
+
+
+class _Unfinished(Exception):
+    """A Generate stream that ended without a finished response."""
 
 
 def _post_json(url: str, body: dict[str, Any], timeout_s: float = 3600.0) -> tuple[bool, str]:
