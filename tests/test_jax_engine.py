@@ -182,3 +182,18 @@ def test_a_failing_callback_does_not_stop_the_engine(engine):
     assert len(after.token_ids) == 2 and engine.running and engine.error is None
     with pytest.raises(ValueError, match="seed must be in"):
         SamplingParams(seed=2**40)
+
+
+def test_sampling_frequencies_match_the_distribution():
+    """The two-level inverse-CDF sampler draws each token with its probability (600 tokens: 3 blocks of 256)."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(scale=2.0, size=600), jnp.float32).at[17].set(-jnp.inf)
+    n = 40_000
+    tokens, lp = jax.jit(sample_tokens)(
+        jnp.tile(logits, (n, 1)), jnp.ones(n), jnp.ones(n), jnp.full(n, -1), jax.random.split(jax.random.key(1), n)
+    )
+    probs = np.asarray(jax.nn.softmax(logits))
+    freq = np.bincount(np.asarray(tokens), minlength=600) / n
+    assert freq[17] == 0  # zero-probability tokens are never drawn
+    assert np.abs(freq - probs).max() < 4 * np.sqrt(probs.max() / n)
+    np.testing.assert_allclose(np.asarray(lp), np.log(probs[np.asarray(tokens)]), rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from rltldr_jax.models import Qwen35Config, get_preset, init_decode_state, load_pretrained, save_pretrained
 from rltldr_jax.models.hf import CheckpointError
-from rltldr_jax.models.qwen3_5 import sequence_logprobs
+from rltldr_jax.models.qwen3_5 import sequence_logprobs, unroll
 
 torch = pytest.importorskip("torch")
 import transformers  # noqa: E402
@@ -145,12 +145,16 @@ def test_bf16_path(hf_checkpoint, ours, ids):
     assert (np.argmax(got, -1) == np.argmax(ref, -1)).mean() > 0.9
 
 
-def test_decode_equals_full_forward(ours, ids, full_logits):
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_decode_equals_full_forward(ours, ids, full_logits, unrolled):
+    """Prefill then one token at a time equals the full forward (HF's logits); also for the engine's unrolled twin
+    (one weight array per layer, [out, in] kernels)."""
+    model = unroll(ours) if unrolled else ours
     state = init_decode_state(ours.config, batch=2, max_len=96)
-    logits, state = _step(ours, ids[:, :70], state, None)  # prefill 70 (> one delta-rule chunk)
+    logits, state = _step(model, ids[:, :70], state, None)  # prefill 70 (> one delta-rule chunk)
     np.testing.assert_allclose(np.asarray(logits), full_logits[:, :70], atol=1e-4)
     for t in range(70, 80):  # then one token at a time
-        logits, state = _step(ours, ids[:, t : t + 1], state, None)
+        logits, state = _step(model, ids[:, t : t + 1], state, None)
         np.testing.assert_allclose(np.asarray(logits[:, 0]), full_logits[:, t], atol=1e-4, err_msg=f"token {t}")
     assert state.lengths.tolist() == [80, 80]
 

@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
-from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, init_decode_state
+from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, init_decode_state, unroll, unroll_state
 
 MIN_PREFILL_BUCKET = 16
 
@@ -58,6 +58,33 @@ def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeS
     """
     layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype), mode="drop"), state.layers, sub.layers)
     return DecodeState(state.lengths.at[rows].set(sub.lengths, mode="drop"), layers)
+
+
+SAMPLE_BLOCK = 256  # tokens per block of the two-level inverse-CDF search in `sample_tokens`
+
+
+def _first_above(cdf: jax.Array, mass: jax.Array, target: jax.Array) -> jax.Array:
+    """Per row, the first index where cdf [B, n] exceeds target [B], clipped to the last index of positive
+    mass [B, n] (float rounding can leave target at or above the last cdf); it always has positive mass."""
+    n = cdf.shape[-1]
+    last_positive = n - 1 - jnp.argmax(mass[:, ::-1] > 0, axis=-1)
+    return jnp.minimum(jnp.sum(cdf <= target[:, None], axis=-1), last_positive)
+
+
+def _inverse_cdf_sample(probs: jax.Array, u: jax.Array) -> jax.Array:
+    """Token of each row of probs [B, V] (summing to ~1) for a uniform u [B] in [0, 1): the first token whose
+    cumulative probability exceeds u · total. Two levels (blocks of SAMPLE_BLOCK tokens, then inside the chosen
+    block), so the work is a few passes over [B, V] and one random number per row, where Gumbel-max sampling
+    (`jax.random.categorical`) draws and takes two logs of B · V random numbers."""
+    b, v = probs.shape
+    blocks = jnp.pad(probs, ((0, 0), (0, -v % SAMPLE_BLOCK))).reshape(b, -1, SAMPLE_BLOCK)
+    block_mass = blocks.sum(axis=-1)
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    target = u * block_cdf[:, -1]
+    block = _first_above(block_cdf, block_mass, target)
+    inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=-1)[:, 0]
+    return block * SAMPLE_BLOCK + _first_above(before[:, None] + jnp.cumsum(inner, axis=-1), inner, target)
 
 
 def sample_tokens(
@@ -90,7 +117,7 @@ def sample_tokens(
     needs_truncation = jnp.any((top_p < 1.0) | (top_k > 0))
     scaled = jax.lax.cond(needs_truncation, truncate, lambda s: s, scaled)
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
+    sampled = _inverse_cdf_sample(jnp.exp(logp), jax.vmap(jax.random.uniform)(keys))
     tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     model_logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.where(greedy[:, None], model_logp, logp)
@@ -131,7 +158,9 @@ class JaxEngine:
         self.dtype = model.dtype  # compute dtype of the forward pass
         self.max_batch = max_batch
         self.max_len = max_len
-        self._graphdef, params = nnx.split(model)
+        # The engine runs the `unrolled` twin of the model (one array per layer, a copy of the weights): reading a
+        # layer out of stacked weights inside the compiled step would copy it at every token.
+        self._graphdef, params = nnx.split(unroll(model))
         self._params = params
         self._version = int(weight_version)
         dtype = cache_dtype or model.dtype
@@ -163,6 +192,7 @@ class JaxEngine:
         """Swaps in new parameters (a model or its `nnx.state`); later tokens use them and report `version`."""
         if isinstance(params, nnx.Module):
             params = nnx.state(params)
+        params = unroll_state(params)  # the engine's per-layer copy (see __init__)
         with self._lock:
             self._params = params
             self._version = int(version)

@@ -93,7 +93,23 @@ def init_decode_state(config: Qwen35Config, batch: int, max_len: int, dtype: Any
 # ----------------------------------------------------------------------------------------------------
 
 
-def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+class RowLinear(nnx.Module):
+    """A bias-free linear layer with its weight stored [out, in] (torch's layout): y = x Wᵀ. The `unrolled` model
+    uses it: at decode batch sizes a matmul is bound by reading the weight, and XLA:CPU reads [out, in] rows
+    faster (measured 1.2–1.5× on this model's shapes) than `nnx.Linear`'s [in, out] kernel."""
+
+    def __init__(self, din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (dout, din), param_dtype))
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        x, w = x.astype(self.dtype), self.weight[...].astype(self.dtype)
+        return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+
+
+def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False) -> nnx.Linear | RowLinear:
+    if rows:
+        return RowLinear(din, dout, dtype, param_dtype, rngs)
     return nnx.Linear(
         din, dout, use_bias=False, dtype=dtype, param_dtype=param_dtype,
         kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
@@ -132,11 +148,11 @@ class GatedRMSNorm(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) · up(x))."""
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
         d, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = _linear(d, f, dtype, param_dtype, rngs)
-        self.up_proj = _linear(d, f, dtype, param_dtype, rngs)
-        self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
+        self.gate_proj = _linear(d, f, dtype, param_dtype, rngs, rows)
+        self.up_proj = _linear(d, f, dtype, param_dtype, rngs, rows)
+        self.down_proj = _linear(f, d, dtype, param_dtype, rngs, rows)
 
     def __call__(self, x: Array) -> Array:
         hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
@@ -203,13 +219,13 @@ class Attention(nnx.Module):
     """Gated full attention: q/gate from one projection (per head [q | gate]), q/k RMSNorm per head, partial
     RoPE, GQA, output · sigmoid(gate) before o_proj."""
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
         c = config
         self.config = c
-        self.q_proj = _linear(c.hidden_size, c.num_attention_heads * c.head_dim * 2, dtype, param_dtype, rngs)
-        self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs)
-        self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs)
-        self.o_proj = _linear(c.num_attention_heads * c.head_dim, c.hidden_size, dtype, param_dtype, rngs)
+        self.q_proj = _linear(c.hidden_size, c.num_attention_heads * c.head_dim * 2, dtype, param_dtype, rngs, rows)
+        self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs, rows)
+        self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs, rows)
+        self.o_proj = _linear(c.num_attention_heads * c.head_dim, c.hidden_size, dtype, param_dtype, rngs, rows)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
 
@@ -245,13 +261,13 @@ class Attention(nnx.Module):
 class GatedDeltaNet(nnx.Module):
     """Gated DeltaNet token mixer (linear attention with a gated delta-rule state)."""
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
         c = config
         self.config = c
-        self.in_proj_qkv = _linear(c.hidden_size, c.conv_dim, dtype, param_dtype, rngs)
-        self.in_proj_z = _linear(c.hidden_size, c.linear_value_dim, dtype, param_dtype, rngs)
-        self.in_proj_b = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs)
-        self.in_proj_a = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs)
+        self.in_proj_qkv = _linear(c.hidden_size, c.conv_dim, dtype, param_dtype, rngs, rows)
+        self.in_proj_z = _linear(c.hidden_size, c.linear_value_dim, dtype, param_dtype, rngs, rows)
+        self.in_proj_b = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs, rows)
+        self.in_proj_a = _linear(c.hidden_size, c.linear_num_value_heads, dtype, param_dtype, rngs, rows)
         kernel = c.linear_conv_kernel_dim
         bound = kernel**-0.5  # torch's default depthwise Conv1d init: U(±1/sqrt(fan_in)), fan_in = kernel
         self.conv_weight = nnx.Param(
@@ -260,7 +276,7 @@ class GatedDeltaNet(nnx.Module):
         self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (c.linear_num_value_heads,), jnp.float32, 0.01, 16.0)).astype(param_dtype))
         self.dt_bias = nnx.Param(jnp.ones((c.linear_num_value_heads,), param_dtype))
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps, param_dtype)
-        self.out_proj = _linear(c.linear_value_dim, c.hidden_size, dtype, param_dtype, rngs)
+        self.out_proj = _linear(c.linear_value_dim, c.hidden_size, dtype, param_dtype, rngs, rows)
         self.dtype = dtype
 
     def __call__(self, x: Array, cache: DeltaNetCache | None, valid: Array | None) -> tuple[Array, DeltaNetCache | None]:
@@ -307,15 +323,15 @@ class GatedDeltaNet(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual layer: h = x + mixer(norm(x)); y = h + mlp(norm(h))."""
 
-    def __init__(self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
         self.kind = kind
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         if kind == FULL:
-            self.self_attn = Attention(config, dtype, param_dtype, rngs)
+            self.self_attn = Attention(config, dtype, param_dtype, rngs, rows)
         else:
-            self.linear_attn = GatedDeltaNet(config, dtype, param_dtype, rngs)
-        self.mlp = MLP(config, dtype, param_dtype, rngs)
+            self.linear_attn = GatedDeltaNet(config, dtype, param_dtype, rngs, rows)
+        self.mlp = MLP(config, dtype, param_dtype, rngs, rows)
 
     def __call__(self, x, positions, cache, lengths, valid):
         h = self.input_layernorm(x)
@@ -381,7 +397,7 @@ class UnrolledBlock(nnx.Module):
 
     def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
         self.runs = nnx.List(
-            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs) for _ in range(n)]) for kind, n in config.block_runs]
+            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs, rows=True) for _ in range(n)]) for kind, n in config.block_runs]
         )
 
 
@@ -417,7 +433,10 @@ class Qwen35(nnx.Module):
         else:
             self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs), config.num_blocks)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
-        self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, dtype, param_dtype, rngs)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, dtype, param_dtype, rngs, rows=unrolled)
 
     # -- trunk ------------------------------------------------------------------------------------------
 
@@ -479,6 +498,8 @@ class Qwen35(nnx.Module):
         """[d, V] output projection (the transposed embedding when tied)."""
         if self.lm_head is None:
             return self.embed_tokens.embedding[...].T
+        if isinstance(self.lm_head, RowLinear):
+            return self.lm_head.weight[...].T
         return self.lm_head.kernel[...]
 
     def logits(self, h: Array) -> Array:
@@ -525,17 +546,24 @@ class Qwen35(nnx.Module):
 
 def unroll_state(state: nnx.State) -> nnx.State:
     """The parameters of a stacked model laid out for its `unrolled` twin: each [n_blocks, run, ...] parameter
-    becomes n_blocks × run separate arrays (copies)."""
+    becomes n_blocks × run separate arrays, and every linear kernel [in, out] its transpose [out, in] (`RowLinear`),
+    all copies. An unrolled model's state passes through unchanged."""
     flat = []
     for key, var in nnx.to_flat_state(state):
         value = var[...] if isinstance(var, nnx.Variable) else var
-        if key[0] != "blocks":
+        if key == ("lm_head", "kernel"):
+            flat.append((("lm_head", "weight"), jnp.asarray(value).T))
+            continue
+        if key[:2] != ("blocks", "runs"):
             flat.append((key, value))
             continue
         _, runs, r, *rest = key  # ("blocks", "runs", r, ...) → ("blocks", b, "runs", r, j, ...)
+        kernel = rest[-1] == "kernel"
+        if kernel:
+            rest[-1] = "weight"
         for b in range(value.shape[0]):
             for j in range(value.shape[1]):
-                flat.append((("blocks", b, runs, r, j, *rest), value[b, j]))
+                flat.append((("blocks", b, runs, r, j, *rest), value[b, j].T if kernel else value[b, j]))
     return nnx.from_flat_state(flat)
 
 
