@@ -254,13 +254,7 @@ class _Child:
         kind, payload = self.recv(deadline)
         if kind != b"J":
             raise _ProtocolError("expected a JSON frame")
-        try:
-            msg = json.loads(payload)
-        except ValueError as e:
-            raise _ProtocolError(str(e)) from None
-        if not isinstance(msg, dict):
-            raise _ProtocolError("expected a JSON object")
-        return msg
+        return _parse_json(payload)
 
     def kill(self) -> int | None:
         """Kills the whole process group, reaps the child, closes the pipes; returns the exit status."""
