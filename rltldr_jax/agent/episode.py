@@ -1,0 +1,233 @@
+"""One attempt at a task: the multi-step loop of think → act (a Python code block) → observe.
+
+Each step's context is rebuilt from token segments (`ContextBuilder.build`: task, the insights inserted for this
+attempt, earlier steps without their think traces, then the generation prompt), so the training example of a
+step is exactly what the engine saw. A step is generated in two phases: the think trace with the think budget
+(stopping at `</think>`; if the budget runs out, `</think>\\n\\n` is forced, marked `forced`, and never a
+target), then the action with the action budget (stopping at `<|im_end|>`). The action's last fenced Python
+block is run by the environment; the observation (shortened, middle elided) becomes the next user turn.
+
+An attempt ends when the environment says done (the agent called the completion API), at `max_steps`, when an
+action has no code block (malformed, counted), or when the next context would exceed `max_context_tokens`.
+Then the verifier runs. Sampling seeds derive from (seed, task, attempt, step), so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from rltldr_jax.agent.insight import FailedAttempt
+from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, SamplingParams
+from rltldr_jax.envs.base import Env, Task, Verdict
+from rltldr_jax.tokenization import ContextBuilder, Insight, Step
+
+EndReason = Literal["completed", "max_steps", "malformed", "context_full"]
+
+_CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+# The first user message: the environment's goal with the instructions for acting. The paper's system/task prompt
+# is not published (paper-details §7.4); these are written for our environments.
+TASK_PROMPTS = {
+    "api": (
+        "You are an agent that completes tasks for a user by writing Python code that calls the apps' APIs.\n"
+        "Each of your turns must contain exactly one Python code block (```python ... ```); it runs in a persistent "
+        "Python session where `apis` is defined, and you will see its output. Explore the APIs with "
+        "`apis.api_docs.show_app_descriptions()`, `apis.api_docs.show_api_descriptions(app_name=...)` and "
+        "`apis.api_docs.show_api_doc(app_name=..., api_name=...)`. Your account credentials are available through "
+        "`apis.supervisor`. When the task is done, call `apis.supervisor.complete_task()` (with `answer=...` only if "
+        "the task asks a question).\n\nTask: {goal}"
+    ),
+    "coding": "{goal}\n\nAnswer with your complete solution in one Python code block (```python ... ```).",
+}
+ENV_PROMPT = {"sapi": "api", "appworld": "api", "leetcode": "coding"}
+
+
+def task_text(task: Task) -> str:
+    """The first user message of every attempt at `task`."""
+    return TASK_PROMPTS[ENV_PROMPT.get(task.env, "api")].format(goal=task.goal)
+
+
+def extract_code(action: str) -> str | None:
+    """The last fenced Python block of an action (None if there is none, or it is empty)."""
+    blocks = _CODE_BLOCK.findall(action)
+    if not blocks or not blocks[-1].strip():
+        return None
+    return blocks[-1]
+
+
+def shorten(text: str, max_chars: int) -> str:
+    """`text` if short enough, else its head and tail with a marker saying how many characters were elided."""
+    if len(text) <= max_chars:
+        return text
+    marker = "\n[... {n} characters elided ...]\n"
+    keep = max(0, max_chars - len(marker.format(n=len(text))))
+    head, tail = keep - keep // 2, keep // 2
+    return text[:head] + marker.format(n=len(text) - head - tail) + (text[len(text) - tail :] if tail else "")
+
+
+def step_seed(seed: int, task_id: str, attempt: int, step: int, part: int) -> int:
+    """A stable 32-bit sampling seed for one generation call."""
+    digest = hashlib.blake2b(f"{seed}|{task_id}|{attempt}|{step}|{part}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeConfig:
+    """Budgets and sampling of an attempt (config.rollout, config.env)."""
+
+    max_steps: int = 50
+    thinking: bool = True
+    max_think_tokens: int = 768
+    max_action_tokens: int = 512
+    max_context_tokens: int = 32768
+    max_observation_chars: int = 4000
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, config: Any) -> EpisodeConfig:
+        r = config.rollout
+        return cls(
+            max_steps=r.max_steps, thinking=r.thinking, max_think_tokens=r.max_think_tokens,
+            max_action_tokens=r.max_action_tokens, max_context_tokens=r.max_context_tokens,
+            max_observation_chars=config.env.max_observation_chars, temperature=r.temperature, top_p=r.top_p,
+            top_k=r.top_k, seed=config.seed,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One step as generated and executed.
+
+    Attributes:
+      action_ids: the tokens after the generation prompt (think, `</think>`, action, `<|im_end|>`). [L]
+      forced: [L] True for tokens the harness inserted (a forced `</think>\\n\\n`).
+      logprobs: [L] the engine's logprob of each sampled token (0.0 for forced ones): the old logprobs of GRPO.
+      code: the executed code block (None for a malformed action).
+      observation: the shortened observation (None when the environment was not stepped).
+      weight_version: the engine weights that produced the step's last token.
+    """
+
+    action_ids: tuple[int, ...]
+    forced: tuple[bool, ...]
+    logprobs: tuple[float, ...]
+    code: str | None
+    observation: str | None
+    weight_version: int
+
+    def as_step(self) -> Step:
+        return Step(self.action_ids, self.observation, self.forced)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """A finished attempt: its steps, how it ended, and the verifier's verdict."""
+
+    task: Task
+    index: int  # 1-based attempt number of this task in the phase
+    insights: tuple[Insight, ...]
+    steps: tuple[StepRecord, ...]
+    end: EndReason
+    verdict: Verdict
+
+    @property
+    def success(self) -> bool:
+        return self.verdict.success
+
+    @property
+    def env_steps(self) -> int:
+        """Environment interactions (executed code blocks)."""
+        return sum(s.code is not None for s in self.steps)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(s.action_ids) - sum(s.forced) for s in self.steps)
+
+    def failed_attempt(self, builder: ContextBuilder) -> FailedAttempt:
+        """What the insight writer reads: each step's visible action (think dropped) and observation."""
+        steps = tuple(
+            (builder.tokenizer.decode(t for t in builder.strip_think(s.action_ids) if t != builder.tokenizer.im_end_id),
+             s.observation or "")
+            for s in self.steps
+        )  # fmt: skip
+        return FailedAttempt(task=self.task, steps=steps, report=self.verdict.report, attempt=self.index)
+
+
+async def _sample(engine: GenerationEngine, prompt: Sequence[int], cfg: EpisodeConfig, max_new: int, stop: tuple[int, ...], seed: int):
+    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, max_new, stop, seed)
+    return await engine.generate(GenerationRequest(tuple(prompt), params))
+
+
+async def generate_step(
+    engine: GenerationEngine, builder: ContextBuilder, prompt: Sequence[int], cfg: EpisodeConfig, seeds: tuple[int, int]
+) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...], int]:
+    """One step's tokens: think (budgeted, `</think>` forced when it runs out), then the action.
+
+    Returns (action_ids, forced, logprobs, weight_version), all [L] but the version.
+    """
+    tok = builder.tokenizer
+    ids: list[int] = []
+    forced: list[bool] = []
+    logprobs: list[float] = []
+    if cfg.thinking:
+        think = await _sample(engine, prompt, cfg, cfg.max_think_tokens, (tok.think_end_id, tok.im_end_id), seeds[0])
+        ids += think.token_ids
+        forced += [False] * len(think.token_ids)
+        logprobs += think.logprobs
+        if think.token_ids and think.token_ids[-1] == tok.im_end_id:  # the turn closed inside the think block
+            return tuple(ids), tuple(forced), tuple(logprobs), think.weight_version
+        if not think.token_ids or think.token_ids[-1] != tok.think_end_id:  # budget exhausted: close it
+            close = (tok.think_end_id, *tok.encode("\n\n"))
+            ids += close
+            forced += [True] * len(close)
+            logprobs += [0.0] * len(close)
+    action = await _sample(engine, (*prompt, *ids), cfg, cfg.max_action_tokens, (tok.im_end_id,), seeds[1])
+    ids += action.token_ids
+    forced += [False] * len(action.token_ids)
+    logprobs += action.logprobs
+    return tuple(ids), tuple(forced), tuple(logprobs), action.weight_version
+
+
+async def run_attempt(
+    task: Task,
+    index: int,
+    insights: Sequence[Insight],
+    env: Env,
+    engine: GenerationEngine,
+    builder: ContextBuilder,
+    cfg: EpisodeConfig,
+) -> Attempt:
+    """Runs one attempt at `task` (the env is reset here and left open for the caller to reuse or close)."""
+    goal = task_text(task)
+    await asyncio.to_thread(env.reset, task)
+    tok = builder.tokenizer
+    steps: list[StepRecord] = []
+    end: EndReason = "max_steps"
+    for k in range(cfg.max_steps):
+        prompt = builder.build(goal, insights, [s.as_step() for s in steps]).ids.tolist()
+        if len(prompt) + cfg.max_think_tokens * cfg.thinking + 2 + cfg.max_action_tokens > cfg.max_context_tokens:
+            end = "context_full"
+            break
+        seeds = (step_seed(cfg.seed, task.task_id, index, k, 0), step_seed(cfg.seed, task.task_id, index, k, 1))
+        ids, forced, logprobs, version = await generate_step(engine, builder, prompt, cfg, seeds)
+        visible = builder.strip_think(ids) if tok.think_end_id in ids else (() if cfg.thinking else ids)
+        code = extract_code(tok.decode(visible))
+        if code is None:
+            steps.append(StepRecord(ids, forced, logprobs, None, None, version))
+            end = "malformed"
+            break
+        result = await asyncio.to_thread(env.step, code)
+        observation = shorten(result.observation, cfg.max_observation_chars)
+        steps.append(StepRecord(ids, forced, logprobs, code, observation, version))
+        if result.done:
+            end = "completed"
+            break
+    verdict = await asyncio.to_thread(env.verify)
+    return Attempt(task, index, tuple(insights), tuple(steps), end, verdict)

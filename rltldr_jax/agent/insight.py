@@ -1,0 +1,704 @@
+"""The insight writer: after a failed attempt, a judge reads the rollout and the failed tests and writes a TL;DR.
+
+The paper (A.1, "Prompt 1"; `shared/reference/paper-details.md` §3): the failed rollout goes into the judge
+prompt in a NEW conversation (one user message, to avoid contextual drag), with the task, the agent's actions,
+the observations (shortened if very long) and the verifier's failed tests. The judge first thinks (budget
+4096 tokens), then answers (budget 4096 tokens) with a JSON of five fields: `summary`, `feedback`,
+`wrong_step_id`, `corrected_step`, `hint`. Only `hint` (the one-sentence TL;DR) is used by default; the other
+fields are generated to make the hint more accurate, and Table 3 tries them as the inserted content.
+
+Variants (configs/base.py `insight.*`, Table 3):
+
+- content: `hint` (default) | `feedback` (diagnostic paragraph) | `summary_feedback` | `summary_feedback_code`
+  (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only).
+- source: `policy` (the current policy engine) | `teacher` (another GenerationEngine, e.g. GLM 5.2 served
+  separately) | `verifier` (no model: the first failed requirement of the report turned into a "Make sure that
+  …" sentence by rule; lets untrained tiny models exercise insertion and the SFT mask).
+- thinking on/off, and `with_report=False` (the judge does not see the failed tests).
+
+Generation is two-phase like the episodes: the think part up to `</think>` within the think budget; if the
+budget runs out, `</think>\\n\\n` is forced (marked in `Judgement.forced`) and the answer gets its own budget;
+generation stops on `<|im_end|>`. A reply whose JSON cannot be read is a `Judgement` with `parse_error` set and
+no insight: the caller counts it and inserts nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rltldr_jax.engines.engine import (
+    GenerationEngine,
+    GenerationRequest,
+    SamplingParams,
+)
+from rltldr_jax.envs.base import Task
+from rltldr_jax.tokenization import ContextBuilder, Tokenizer
+
+SOURCES = ("policy", "teacher", "verifier")
+CONTENTS = ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy")
+JUDGE_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
+
+# ----------------------------------------------------------------------------------------------------
+# The judge prompt (A.1, Prompt 1)
+# ----------------------------------------------------------------------------------------------------
+
+# GUESS: the PDF extraction prints "======== AGENT ROLLOUT ========" and "== END OF AGENT ROLLOUT"; the number of
+# "=" is unknown (paper-details §3). 30 on each side, as one re-implementation writes the end line.
+ROLLOUT_START = "=" * 30 + " AGENT ROLLOUT " + "=" * 30
+ROLLOUT_END = "=" * 30 + " END OF AGENT ROLLOUT " + "=" * 30
+
+# Prompt 1 as printed in the paper ([PDF] ≈57500–61500), with the PDF's wrapping line breaks joined. The task is
+# inserted after "for the following task:" (the paper prints "..." there).
+_DEVICE_INTRO = (
+    "You are a verifier that is given a step-by-step solution of an agent that has to perform some on-device "
+    "task for the following task: {task}\n"
+    "Here is the step-by-step solution that the agent proposed. At each step, it proposed some code to retrieve "
+    "information or execute actions, then gets an observation from the environment that executed that code on "
+    "the simulated device.\n"
+)
+
+_DEVICE_PARTS = """\
+As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the agent attempt, 2) Give feedback, 3) Give the step at which it went wrong, 4) Provide the corrected code for that step, 5) Give a one-sentence TL;DR hint.
+1) Summarize the attempt
+- Give a summary of roughly one paragraph that describes what the agent did.
+- You can skip very generic code like API lookups or logins.
+- Focus on what the agent searched for and what it edited.
+- Also mention what the final answer of the agent was, or which items it changed on device exactly.
+- Do NOT consider the failed tests yet, if this was a failed rollout.
+- Do NOT critique yet, just summarize.
+2) Give feedback
+- For successful rollouts, just return an empty string.
+- For failed rollouts, look at all failed tests.
+- Write a paragraph on what went wrong in the rollout.
+- Do NOT reveal what the ground-truth values are (private_data.* and all numbers that are on the right in the unit test asserts). You can reveal what the agent values were (the left values) if it helps explain the error.
+- Try to point out where exactly in the code the error is. Stop at the FIRST thing that went wrong.
+- Make it independent of the agent rollout, do NOT assume that the rollout will be shown along with your feedback.
+3) Give the step at which it went wrong
+- Return the ID of the step where the agent produced wrong code.
+- If you cannot identify a specific step, output -1.
+4) Provide the corrected code for that step
+- Return ONLY the python code that the agent should have written for the wrong step in place of what it actually wrote. Not the prior steps, not the following steps.
+- The code should be runnable as a drop-in replacement for the buggy step's code.
+- Do NOT include explanatory prose inside the code; use code-comments only if essential.
+- Do NOT reveal ground-truth values (private_data.* / unit-test RHS). If a value is unknown, query it via the API instead of hard-coding.
+- If the rollout was correct or you cannot identify a specific wrong step, return an empty string.
+5) Give a one-sentence TL;DR hint
+- After creating all the previous four parts, output a single-sentence hint on what went wrong.
+- Keep it to ONE sentence, plain language, no code.
+- This should be a concise pointer the agent can act on (e.g. "You created the list but gave it the wrong name.").
+- For successful rollouts, just return an empty string.
+- Do NOT reveal ground-truth values (private_data.* / unit-test RHS).
+"""
+
+# GUESS: the paper does not show its LeetCode variant (paper-details §7.4). This is Prompt 1 with the on-device
+# wording replaced by coding wording and "ground truth" read as the tests' expected outputs; everything else is
+# kept word for word.
+_CODING_INTRO = (
+    "You are a verifier that is given a step-by-step solution of an agent that has to solve a coding problem "
+    "for the following task: {task}\n"
+    "Here is the step-by-step solution that the agent proposed. At each step, it proposed some code, then gets "
+    "an observation from the environment that executed that code.\n"
+)
+
+_CODING_PARTS = """\
+As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the agent attempt, 2) Give feedback, 3) Give the step at which it went wrong, 4) Provide the corrected code for that step, 5) Give a one-sentence TL;DR hint.
+1) Summarize the attempt
+- Give a summary of roughly one paragraph that describes what the agent did.
+- Focus on the approach and algorithm the agent chose.
+- Also mention what the final solution of the agent was.
+- Do NOT consider the failed tests yet, if this was a failed rollout.
+- Do NOT critique yet, just summarize.
+2) Give feedback
+- For successful rollouts, just return an empty string.
+- For failed rollouts, look at all failed tests.
+- Write a paragraph on what went wrong in the rollout.
+- Do NOT reveal what the expected outputs of the tests are. You can reveal what the agent's code returned (the "got" values) if it helps explain the error.
+- Try to point out where exactly in the code the error is. Stop at the FIRST thing that went wrong.
+- Make it independent of the agent rollout, do NOT assume that the rollout will be shown along with your feedback.
+3) Give the step at which it went wrong
+- Return the ID of the step where the agent produced wrong code.
+- If you cannot identify a specific step, output -1.
+4) Provide the corrected code for that step
+- Return ONLY the python code that the agent should have written for the wrong step in place of what it actually wrote. Not the prior steps, not the following steps.
+- The code should be runnable as a drop-in replacement for the buggy step's code.
+- Do NOT include explanatory prose inside the code; use code-comments only if essential.
+- Do NOT hard-code the expected outputs of the tests; compute them.
+- If the rollout was correct or you cannot identify a specific wrong step, return an empty string.
+5) Give a one-sentence TL;DR hint
+- After creating all the previous four parts, output a single-sentence hint on what went wrong.
+- Keep it to ONE sentence, plain language, no code.
+- This should be a concise pointer the agent can act on (e.g. "You sorted the list but returned it in the wrong order.").
+- For successful rollouts, just return an empty string.
+- Do NOT reveal the expected outputs of the tests.
+"""
+
+_JSON_FORMAT = """\
+Output your answer in a JSON. Do NOT output any text except the JSON. The format should be:
+{
+"summary": "...",
+"feedback": "...",
+"wrong_step_id": "integer",
+"corrected_step": "...",
+"hint": "..."
+}"""
+
+_VERIFIER_OUTPUT = "The verifier code ran and returned this output:\n"
+_FAILED = "Rollout FAILED the following verifier tests:\n"
+# GUESS (after = "any", SGE): the paper shows only the failed case.
+_PASSED = "Rollout PASSED all verifier tests:\n"
+# GUESS ("Student, no info about failed unit tests", Table 3): the judge learns that the attempt failed, not which
+# tests failed. The wording is ours.
+_FAILED_NO_REPORT = "Rollout FAILED the verifier tests (which tests failed is not shown).\n"
+_PASSED_NO_REPORT = "Rollout PASSED all verifier tests.\n"
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` if it has at most `limit` characters, else its head and tail around a marker saying how many
+    characters were cut (the middle is elided; the marker itself is not counted in `limit`)."""
+    if len(text) <= limit:
+        return text
+    head = (limit + 1) // 2
+    tail = limit - head
+    cut = len(text) - limit
+    return f"{text[:head]}\n[... {cut} characters elided ...]\n{text[len(text) - tail:] if tail else ''}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedAttempt:
+    """What the insight writer sees of one attempt.
+
+    Attributes:
+      task: the task (its `goal` is the instruction the agent saw; `env` selects the prompt variant).
+      steps: per step, (the agent's visible action text with the think trace removed, the observation text).
+      report: the verifier's report (`Verdict.report`): the privileged failed-tests text.
+      attempt: the 1-based number of this attempt within the task's phase (becomes `Insight.attempt`).
+      success: the verdict (False for RLTL;DR; True only for SGE-style summaries of successes, `insight.after="any"`).
+    """
+
+    task: Task
+    steps: tuple[tuple[str, str], ...]
+    report: str
+    attempt: int
+    success: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple((str(a), "" if o is None else str(o)) for a, o in self.steps))
+        if self.attempt < 1:
+            raise ValueError(f"FailedAttempt.attempt is 1-based, got {self.attempt}")
+
+
+def _render_rollout(steps: Sequence[tuple[str, str]], max_observation_chars: int, max_rollout_chars: int) -> str:
+    """`Step i:` / `Observation i:` blocks; long actions and observations are shortened, and a rollout longer than
+    `max_rollout_chars` keeps its first step and as many of its last steps as fit."""
+    if not steps:
+        return "(the agent took no steps)"
+    blocks = []
+    for i, (action, observation) in enumerate(steps, start=1):
+        action = shorten(action.strip("\n"), max_observation_chars)
+        observation = shorten(observation.strip("\n"), max_observation_chars) or "(no output)"
+        blocks.append(f"Step {i}:\n{action}\nObservation {i}:\n{observation}")
+    text = "\n".join(blocks)
+    if len(text) <= max_rollout_chars:
+        return text
+    keep_tail: list[int] = []
+    used = len(blocks[0])
+    for j in range(len(blocks) - 1, 0, -1):
+        if used + len(blocks[j]) + 1 > max_rollout_chars:
+            break
+        keep_tail.insert(0, j)
+        used += len(blocks[j]) + 1
+    first_dropped, last_dropped = 1, (keep_tail[0] - 1 if keep_tail else len(blocks) - 1)
+    if first_dropped <= last_dropped:
+        cut = sum(len(blocks[j]) + 1 for j in range(first_dropped, last_dropped + 1))
+        marker = f"[... steps {first_dropped + 1} to {last_dropped + 1} omitted ({cut} characters) ...]"
+        text = "\n".join([blocks[0], marker, *(blocks[j] for j in keep_tail)])
+    return shorten(text, max_rollout_chars)
+
+
+def render_judge_prompt(
+    failed: FailedAttempt, *, with_report: bool = True, max_observation_chars: int = 4000, max_rollout_chars: int = 20000
+) -> str:
+    """The text of the judge's single user message (Prompt 1), for `failed`.
+
+    The report is included exactly when `with_report`; the LeetCode variant is used for `task.env == "leetcode"`.
+    """
+    coding = failed.task.env == "leetcode"
+    intro, parts = (_CODING_INTRO, _CODING_PARTS) if coding else (_DEVICE_INTRO, _DEVICE_PARTS)
+    rollout = _render_rollout(failed.steps, max_observation_chars, max_rollout_chars)
+    if with_report:
+        verdict = (_PASSED if failed.success else _FAILED) + shorten(failed.report.strip("\n"), max_rollout_chars) + "\n"
+    else:
+        verdict = _PASSED_NO_REPORT if failed.success else _FAILED_NO_REPORT
+    return (
+        intro.format(task=failed.task.goal.strip())
+        + f"{ROLLOUT_START}\n{rollout}\n{ROLLOUT_END}\n"
+        + _VERIFIER_OUTPUT
+        + verdict
+        + parts
+        + _JSON_FORMAT
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing the judge's reply
+# ----------------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript|js|python)?[ \t]*\n?(.*?)```", re.DOTALL)
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_PY_LITERALS = [(re.compile(r"([:\[,]\s*)" + a + r"\b"), r"\g<1>" + b) for a, b in (("true", "True"), ("false", "False"), ("null", "None"))]
+_MAX_CANDIDATES = 256
+
+
+def answer_text(text: str) -> str:
+    """The reply without its think block (everything up to the last `</think>`) and without chat special tokens."""
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    for token in ("<think>", "<|im_end|>", "<|endoftext|>"):
+        text = text.replace(token, "")
+    return text.strip()
+
+
+def _match_brace(text: str, start: int) -> int | None:
+    """Index one past the `}` that closes the `{` at `start` (strings in either quote style skipped), or None."""
+    depth, quote, i = 0, None, start
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _loads(candidate: str) -> Any:
+    """JSON, then JSON without trailing commas, then a Python literal (single quotes, True/None); None if none works."""
+    attempts = [candidate, _TRAILING_COMMA.sub(r"\1", candidate)]
+    for text in attempts:
+        try:
+            return json.loads(text, strict=False)
+        except ValueError:
+            pass
+    py = attempts[1]
+    for pattern, repl in _PY_LITERALS:
+        py = pattern.sub(repl, py)
+    for text in (attempts[1], py):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return None
+
+
+def _normalize(obj: Mapping[Any, Any]) -> dict[str, Any]:
+    fields = {str(k).strip().lower(): v for k, v in obj.items()}
+    step = fields.get("wrong_step_id")
+    if isinstance(step, str):
+        match = re.fullmatch(r"\s*(?:step\s*)?(-?\d+)\s*", step, re.IGNORECASE)
+        if match:
+            fields["wrong_step_id"] = int(match.group(1))
+    elif isinstance(step, float) and step.is_integer():
+        fields["wrong_step_id"] = int(step)
+    return fields
+
+
+def parse_judge_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The judge's JSON fields from its raw reply, or (None, why) when there is no readable JSON object.
+
+    Tolerates a think block (only the text after the last `</think>` is read), code fences, text before or after
+    the JSON, trailing commas and single-quoted (Python-literal) objects. Among several objects, the one with the
+    most of the five judge keys wins (the later one on ties). Keys are lower-cased; a numeric `wrong_step_id`
+    string becomes an int.
+    """
+    answer = answer_text(text)
+    if not answer:
+        return None, "empty answer" + (" (the think block was not closed)" if "</think>" not in text and text.strip() else "")
+    candidates: list[tuple[int, int, dict[str, Any]]] = []  # (known keys, position, fields)
+    for m in _FENCE.finditer(answer):
+        obj = _loads(m.group(1).strip())
+        if isinstance(obj, dict):
+            candidates.append((sum(k in _normalize(obj) for k in JUDGE_KEYS), m.start(), _normalize(obj)))
+    covered: list[tuple[int, int]] = []
+    starts = [i for i, c in enumerate(answer) if c == "{"][:_MAX_CANDIDATES]
+    for start in starts:
+        if any(a <= start < b for a, b in covered):
+            continue
+        end = _match_brace(answer, start)
+        if end is None:
+            continue
+        obj = _loads(answer[start:end])
+        if isinstance(obj, dict):
+            fields = _normalize(obj)
+            candidates.append((sum(k in fields for k in JUDGE_KEYS), start, fields))
+            covered.append((start, end))
+    if not candidates:
+        return None, "no JSON object in the answer"
+    best = max(candidates, key=lambda c: (c[0], c[1]))
+    if best[0] == 0:
+        return None, f"the JSON has none of the keys {', '.join(JUDGE_KEYS)}"
+    return best[2], None
+
+
+def _text_field(fields: Mapping[str, Any], key: str) -> str:
+    value = fields.get(key)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def insight_from_fields(fields: Mapping[str, Any], content: str) -> tuple[str | None, str | None]:
+    """The inserted text for `content` (Table 3) from the judge's fields, or (None, why) if a needed field is
+    missing or empty.
+
+    hint: the TL;DR sentence, on one line. feedback: the diagnostic paragraph. summary_feedback: summary, blank line,
+    feedback. summary_feedback_code: that plus the corrected step as a code block (omitted when the judge gave none).
+    strategy (SGE): the summary.
+    """
+    if content not in CONTENTS:
+        raise ValueError(f"unknown insight content {content!r}; choose one of {', '.join(CONTENTS)}")
+    needed = {
+        "hint": ("hint",),
+        "feedback": ("feedback",),
+        "summary_feedback": ("summary", "feedback"),
+        "summary_feedback_code": ("summary", "feedback"),
+        "strategy": ("summary",),
+    }[content]
+    missing = [k for k in needed if not _text_field(fields, k)]
+    if missing:
+        return None, f"missing or empty field {', '.join(map(repr, missing))} in the judge's JSON"
+    if content == "hint":
+        return " ".join(_text_field(fields, "hint").split()), None
+    if content in ("feedback", "strategy"):
+        return _text_field(fields, needed[0]), None
+    text = f"{_text_field(fields, 'summary')}\n\n{_text_field(fields, 'feedback')}"
+    code = _text_field(fields, "corrected_step")
+    if content == "summary_feedback_code" and code:
+        # GUESS: how the paper lays out "+ corrected code" in the insight message is not shown.
+        step = fields.get("wrong_step_id")
+        where = f" for step {step}" if isinstance(step, int) and step > 0 else ""
+        text += f"\n\nCorrected code{where}:\n```python\n{code}\n```"
+    return text, None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The rule-based insight (source = "verifier")
+# ----------------------------------------------------------------------------------------------------
+
+_LC_TEST = re.compile(r"^Test (\d+) \(([^)]*)\):?\s*$")
+_ASSERT = re.compile(r"^\s*assert\s+", re.IGNORECASE)
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _appworld_failure(lines: list[str]) -> str | None:
+    """The first `>> Failed Requirement` block as a sentence (SAPI and AppWorld reports)."""
+    for k, line in enumerate(lines):
+        if line.strip() != ">> Failed Requirement":
+            continue
+        body = []
+        for nxt in lines[k + 1 :]:
+            if nxt.startswith((">>", "─")):
+                break
+            body.append(nxt)
+        requirement = next((b.strip() for b in body if b.strip()), "")
+        if not requirement:
+            return None
+        requirement = _ASSERT.sub("", requirement).rstrip(" .")
+        # SAPI writes "AssertionError: got <the agent's values>"; AppWorld's own traces can show ground truth, so
+        # only the "got" form is quoted.
+        got_lines: list[str] = []
+        for j, b in enumerate(body):
+            if b.startswith("AssertionError: got "):
+                got_lines = [b[len("AssertionError: got ") :]]
+                got_lines += [x for x in body[j + 1 :] if x.strip()]
+                break
+        sentence = f"Make sure that {requirement}"
+        got = _clip("; ".join(x.strip() for x in got_lines if x.strip()))
+        if got:
+            sentence += f" (this attempt had {got})"
+        return _sentence(sentence)
+    return None
+
+
+def _leetcode_failure(lines: list[str]) -> str | None:
+    """The first `Test i (status):` block of a LeetCode report as a sentence (never the expected output)."""
+    for k, line in enumerate(lines):
+        match = _LC_TEST.match(line.strip())
+        if not match:
+            continue
+        status = match.group(2)
+        details: dict[str, str] = {}
+        for nxt in lines[k + 1 :]:
+            if not nxt.startswith("  "):
+                break
+            key, _, value = nxt.strip().partition(": ")
+            details.setdefault(key, value)
+        test_input = details.get("input", "")
+        if _ASSERT.match(test_input):  # HumanEval-style "assert candidate(x) == expected": keep the call only
+            test_input = _ASSERT.sub("", test_input).rpartition(" == ")[0] or _ASSERT.sub("", test_input)
+        where = f" for input {_clip(test_input, 120)}" if test_input else ""
+        if status == "wrong answer":
+            got = f" (it returned {_clip(details['got'], 80)})" if details.get("got") else ""
+            return _sentence(f"Make sure your solution returns the correct result{where}{got}")
+        if status == "error":
+            error = f" (it raised {_clip(details['error'], 120)})" if details.get("error") else ""
+            return _sentence(f"Make sure your solution runs without errors{where}{error}")
+        if status.startswith("time limit"):
+            return _sentence(f"Make sure your solution is fast enough{where}; it exceeded the time limit")
+        if status.startswith("not run"):
+            return "Make sure your solution is fast enough: the time limit ran out before all tests ran."
+        return _sentence(f"Make sure your solution passes test {match.group(1)}{where} ({status})")
+    first = lines[0].strip() if lines else ""
+    if first.startswith("Failed before any test ran:"):
+        why = _clip(first[len("Failed before any test ran:") :])
+        return _sentence(f"Make sure your code defines what the tests call and runs without errors (it failed before any test ran: {why})")
+    if first == "Failed: no code was run.":
+        return "Make sure to write your solution as a Python code block so that it runs."
+    if first.startswith("Failed: the tests did not finish"):
+        return "Make sure your solution finishes within the time and memory limits; the tests did not finish."
+    if first.startswith("Failed:"):
+        return _sentence(f"Make sure the tests can run: {_clip(first[len('Failed:'):].rstrip(' .'))}")
+    return None
+
+
+def verifier_insight(report: str) -> str:
+    """A one-sentence insight from the verifier's report by rule (no model): its first failed requirement.
+
+    AppWorld/SAPI reports: "assert X" becomes "Make sure that X", with the agent's value when the report gives it
+    as "AssertionError: got …". LeetCode reports: the first failed test's input and what the code returned or
+    raised (never the expected output). Anything else: the report's first informative line.
+    """
+    lines = report.splitlines()
+    sentence = _appworld_failure(lines) or _leetcode_failure(lines)
+    if sentence:
+        return sentence
+    for line in lines:
+        text = line.strip(" -─=>")
+        if text and not text.lower().startswith(("num ", "overall stats", "passes", "fails", "none")):
+            return _sentence(f"Make sure the verifier's check passes: {_clip(text)}")
+    return "Make sure the attempt fully completes the task as asked."
+
+
+# ----------------------------------------------------------------------------------------------------
+# The writer
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """The insight writer's result for one attempt.
+
+    Attributes:
+      insight: the text to insert (per `content`), or None (parse failure, empty hint, successful attempt).
+      fields: the judge's JSON fields (keys lower-cased); {"hint": …} for the verifier source.
+      parse_error: why there is no insight, or None.
+      prompt_tokens: length of the judge prompt in tokens (0 for the verifier source).
+      completion_tokens: tokens the judge sampled (think + answer; forced tokens not counted).
+      think_tokens, action_tokens: the sampled tokens of each phase (each within its budget).
+      text: the decoded reply (think block included).
+      prompt_ids, completion_ids: the judge's context ids, as the engine saw and produced them (for RLTF-FM /
+        judge SFT and for saved rollouts); `forced` flags the harness-inserted `</think>\\n\\n`.
+      logprobs: per completion id, its sampling logprob (0.0 for forced ids).
+      finish_reason: of the last generation call ("stop", "length", "abort"; "" for the verifier source).
+      weight_version: the engine's weight version that produced the last token (-1 for the verifier source).
+    """
+
+    insight: str | None
+    fields: dict[str, Any]
+    parse_error: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    think_tokens: int = 0
+    action_tokens: int = 0
+    text: str = ""
+    prompt_ids: tuple[int, ...] = ()
+    completion_ids: tuple[int, ...] = ()
+    forced: tuple[bool, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: str = ""
+    weight_version: int = -1
+
+
+class InsightWriter:
+    """Writes the insight of one attempt: judge prompt → two-phase generation → JSON → content variant.
+
+    Args:
+      tokenizer: the policy's tokenizer (Qwen chat format).
+      engine: the policy's GenerationEngine (the judge is the policy itself, A.1).
+      source: policy | teacher | verifier (see the module docstring).
+      content: hint | feedback | summary_feedback | summary_feedback_code | strategy.
+      thinking: the judge thinks first (think budget), or answers directly (Qwen's closed empty think block).
+      with_report: the judge prompt includes the verifier's report (config `insight.show_failed_tests`).
+      max_think_tokens, max_action_tokens: the two budgets (4096 each in the paper).
+      max_observation_chars: each action and observation longer than this is shortened (middle elided).
+      max_rollout_chars: the whole rollout (and the report) are shortened to about this many characters.
+      temperature: sampling temperature of the judge.
+      teacher_engine: the teacher's engine (required for source="teacher").
+      teacher_tokenizer: the teacher's tokenizer if it differs from the policy's (it must use the same ChatML
+        format; default: `tokenizer`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        engine: GenerationEngine | None,
+        *,
+        source: str = "policy",
+        content: str = "hint",
+        thinking: bool = True,
+        with_report: bool = True,
+        max_think_tokens: int = 4096,
+        max_action_tokens: int = 4096,
+        max_observation_chars: int = 4000,
+        max_rollout_chars: int = 20000,
+        temperature: float = 1.0,
+        teacher_engine: GenerationEngine | None = None,
+        teacher_tokenizer: Tokenizer | None = None,
+    ):
+        if source not in SOURCES:
+            raise ValueError(f"unknown insight source {source!r}; choose one of {', '.join(SOURCES)}")
+        if content not in CONTENTS:
+            raise ValueError(f"unknown insight content {content!r}; choose one of {', '.join(CONTENTS)}")
+        if source == "teacher" and teacher_engine is None:
+            raise ValueError("insight.source='teacher' needs a teacher engine (config insight.teacher.*)")
+        if source == "policy" and engine is None:
+            raise ValueError("insight.source='policy' needs the policy's engine")
+        if source == "verifier" and content != "hint":
+            raise ValueError(f"the rule-based verifier source writes hints only, not {content!r}")
+        if max_action_tokens < 1 or max_think_tokens < 0:
+            raise ValueError(f"budgets must be max_think_tokens >= 0 and max_action_tokens >= 1, got "
+                             f"{max_think_tokens}, {max_action_tokens}")
+        self.source, self.content, self.thinking, self.with_report = source, content, thinking, with_report
+        self.max_think_tokens, self.max_action_tokens = max_think_tokens, max_action_tokens
+        self.max_observation_chars, self.max_rollout_chars = max_observation_chars, max_rollout_chars
+        self.temperature = temperature
+        self.engine = teacher_engine if source == "teacher" else engine
+        self.tokenizer = (teacher_tokenizer or tokenizer) if source == "teacher" else tokenizer
+        self.builder = ContextBuilder(self.tokenizer, thinking=thinking)
+        tok = self.tokenizer
+        # Forced when the think budget runs out: `</think>` and the blank line Qwen's template puts after it.
+        self._force_close = (tok.think_end_id, *tok.encode("\n\n"))
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Tokenizer, engine: GenerationEngine | None,
+                    teacher_engine: GenerationEngine | None = None, teacher_tokenizer: Tokenizer | None = None) -> InsightWriter:
+        """The writer of `config.insight.*` (budgets, variants), `config.env.max_observation_chars` and
+        `config.rollout.temperature`."""
+        ins = config.insight
+        return cls(
+            tokenizer,
+            engine,
+            source=ins.source,
+            content=ins.content,
+            thinking=ins.thinking,
+            with_report=ins.show_failed_tests,
+            max_think_tokens=ins.max_think_tokens,
+            max_action_tokens=ins.max_action_tokens,
+            max_observation_chars=config.env.max_observation_chars,
+            max_rollout_chars=ins.max_rollout_chars,
+            temperature=config.rollout.temperature,
+            teacher_engine=teacher_engine,
+            teacher_tokenizer=teacher_tokenizer,
+        )
+
+    def prompt(self, failed: FailedAttempt) -> str:
+        """The judge's user message for `failed`."""
+        return render_judge_prompt(
+            failed, with_report=self.with_report, max_observation_chars=self.max_observation_chars,
+            max_rollout_chars=self.max_rollout_chars,
+        )
+
+    def prompt_ids(self, failed: FailedAttempt) -> tuple[int, ...]:
+        """`<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n` (or the closed empty think
+        block when not thinking): a new conversation with one user message."""
+        return tuple(int(i) for i in self.builder.build(self.prompt(failed)).ids)
+
+    async def _generate(self, prompt: tuple[int, ...], max_new: int, stop: tuple[int, ...], seed: int | None):
+        params = SamplingParams(temperature=self.temperature, max_new_tokens=max_new, stop_token_ids=stop, seed=seed)
+        return await self.engine.generate(GenerationRequest(prompt, params))
+
+    async def write(self, failed: FailedAttempt, *, seed: int | None = None) -> Judgement:
+        """The judgement of `failed`: the insight (or why there is none) and the judge's tokens.
+
+        `seed` makes the judge's sampling reproducible (the answer phase uses seed + 1).
+        """
+        if self.source == "verifier":
+            if failed.success:
+                return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0)
+            hint = verifier_insight(failed.report)
+            return Judgement(hint, {"hint": hint}, None, 0, 0)
+        tok = self.tokenizer
+        prompt = self.prompt_ids(failed)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        forced: list[bool] = []
+        think_tokens = action_tokens = 0
+        finish, version, answer_phase = "", -1, True
+        if self.thinking:
+            closed = False
+            if self.max_think_tokens > 0:
+                r = await self._generate(prompt, self.max_think_tokens, (tok.think_end_id, *tok.stop_ids), seed)
+                ids += r.token_ids
+                logprobs += r.logprobs
+                forced += [False] * len(r.token_ids)
+                think_tokens, finish, version = len(r.token_ids), r.finish_reason, r.weight_version
+                closed = bool(r.token_ids) and r.token_ids[-1] == tok.think_end_id
+                # Stopped on <|im_end|> inside the think block, or aborted: there is no answer phase.
+                answer_phase = closed or r.finish_reason == "length"
+            if answer_phase and not closed:
+                ids += self._force_close
+                logprobs += [0.0] * len(self._force_close)
+                forced += [True] * len(self._force_close)
+        if answer_phase:
+            r = await self._generate(prompt + tuple(ids), self.max_action_tokens, tok.stop_ids,
+                                     None if seed is None else (seed + 1) % 2**32)
+            ids += r.token_ids
+            logprobs += r.logprobs
+            forced += [False] * len(r.token_ids)
+            action_tokens, finish, version = len(r.token_ids), r.finish_reason, r.weight_version
+        text = tok.decode(ids)
+        insight = None
+        if answer_phase:
+            fields, error = parse_judge_output(text)
+        else:  # the judge ended (or was aborted) inside its think block: there is no answer
+            fields, error = None, f"no answer: generation ended inside the think block ({finish})"
+        if fields is not None:
+            insight, error = insight_from_fields(fields, self.content)
+        if error and finish == "length":
+            error += " (the answer budget ran out)"
+        return Judgement(
+            insight=insight,
+            fields=fields or {},
+            parse_error=error,
+            prompt_tokens=len(prompt),
+            completion_tokens=think_tokens + action_tokens,
+            think_tokens=think_tokens,
+            action_tokens=action_tokens,
+            text=text,
+            prompt_ids=prompt,
+            completion_ids=tuple(ids),
+            forced=tuple(forced),
+            logprobs=tuple(float(x) for x in logprobs),
+            finish_reason=finish,
+            weight_version=version,
+        )
