@@ -1,4 +1,6 @@
-"""Shared fixtures: building the Qwen 3.5 tokenizer takes ~3 s, so it is built once per session."""
+"""Shared fixtures: the Qwen 3.5 tokenizer (~3 s to build) and a tiny policy engine (compiling is the cost)."""
+
+import dataclasses
 
 import pytest
 
@@ -13,3 +15,15 @@ def tokenizer() -> Tokenizer:
 @pytest.fixture(scope="session")
 def builder(tokenizer) -> ContextBuilder:
     return ContextBuilder(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """(model, JaxEngine): a tiny random Qwen 3.5 (4 layers) with the real 248,320-token vocabulary."""
+    from rltldr_jax.engines import JaxEngine
+    from rltldr_jax.models import ModelSpec, get_preset
+
+    config = dataclasses.replace(get_preset("tiny"), num_hidden_layers=4, layer_types=())
+    model = ModelSpec(config).build(seed=0)
+    with JaxEngine(model, max_batch=2, max_len=2048) as engine:
+        yield model, engine

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from rltldr_jax.agent.episode import EpisodeConfig, extract_code, run_attempt, shorten, step_seed, task_text
-from rltldr_jax.engines import GenerationRequest, GenerationResult, JaxEngine
+from rltldr_jax.engines import GenerationRequest, GenerationResult
 from rltldr_jax.envs import make_env
 from rltldr_jax.envs.sapi.tasks import generate_tasks, golden_solution
-from rltldr_jax.models import ModelSpec, get_preset, sequence_logprobs
+from rltldr_jax.models import sequence_logprobs
 from rltldr_jax.tokenization import Insight, Step
 
 
@@ -38,17 +38,10 @@ def sapi_task():
     return generate_tasks("train", seed=0, n=40)[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_engine():
-    model = ModelSpec(get_preset("tiny")).build(seed=0)  # the real 248,320-token vocabulary
-    with JaxEngine(model, max_batch=2, max_len=2048) as engine:
-        yield model, engine
-
-
-def test_random_policy_attempt_forced_think_and_engine_logprobs(tiny_engine, builder, sapi_task):
+def test_random_policy_attempt_forced_think_and_engine_logprobs(tiny_policy, builder, sapi_task):
     """A random policy never closes its think block in 6 tokens: `</think>` is forced (not a target), the action
     has no code block (malformed), and every sampled token's logprob equals the trainer's on the rebuilt context."""
-    model, engine = tiny_engine
+    model, engine = tiny_policy
     cfg = EpisodeConfig(max_steps=3, max_think_tokens=6, max_action_tokens=5, max_context_tokens=4096)
     insights = (Insight("Remember to save the preference.", attempt=1),)
     env = make_env("sapi", step_timeout_s=5.0)

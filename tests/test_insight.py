@@ -275,13 +275,8 @@ def test_two_phase_generation_and_a_parsed_insight(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def jax_engine():
-    from rltldr_jax.engines import JaxEngine
-    from rltldr_jax.models import ModelSpec, get_preset
-
-    config = dataclasses.replace(get_preset("tiny"), num_hidden_layers=4, layer_types=())  # the real vocabulary
-    with JaxEngine(ModelSpec(config).build(seed=0), max_batch=2, max_len=1536) as engine:
-        yield engine
+def jax_engine(tiny_policy):
+    return tiny_policy[1]
 
 
 def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
