@@ -1,0 +1,161 @@
+"""One rollout collection phase: the phase's tasks, each attempted at least K times, insights in between.
+
+Every task runs `workers_per_task` sequential chains of attempts concurrently (all tasks at once, against one
+engine that batches their requests). A chain starts its next attempt as soon as the previous one is verified,
+while any task of the phase still has fewer than K finished attempts — so faster tasks get more attempts, as in
+the paper's asynchronous collection (Table 4: K = 8 minimum, 21–26 on average). An attempt starting now gets the
+insights the schedule allows at that moment; after a failed attempt (or any attempt, for SGE) the insight writer
+runs and its insight joins the task's list. One task's attempts form one GRPO group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rltldr_jax.agent.episode import Attempt, EpisodeConfig, run_attempt, step_seed
+from rltldr_jax.agent.insight import InsightWriter, Judgement
+from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.engines.engine import GenerationEngine
+from rltldr_jax.envs.base import Env, Task
+from rltldr_jax.tokenization import ContextBuilder
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseResult:
+    """What a phase produced: attempts (in finishing order) and the insight writer's judgements."""
+
+    attempts: tuple[Attempt, ...]
+    judgements: tuple[tuple[str, int, Judgement], ...]  # (task_id, attempt index, judgement)
+
+    def groups(self) -> dict[str, list[Attempt]]:
+        """Attempts per task (a GRPO group each), in attempt order."""
+        out: dict[str, list[Attempt]] = {}
+        for a in sorted(self.attempts, key=lambda a: (a.task.task_id, a.index)):
+            out.setdefault(a.task.task_id, []).append(a)
+        return out
+
+    @property
+    def env_steps(self) -> int:
+        return sum(a.env_steps for a in self.attempts)
+
+    @property
+    def parse_failures(self) -> int:
+        return sum(j.parse_error is not None for _, _, j in self.judgements)
+
+
+class Collector:
+    """Runs collection phases.
+
+    Args:
+      engine: the policy's generation engine.
+      make_env: builds one environment instance (one per concurrent chain; reused across its attempts).
+      builder: the context builder.
+      episode: budgets and sampling of attempts.
+      schedule: when insights are inserted (reset at the start of every phase).
+      writer: the insight writer (None: no insights are written, e.g. the GRPO baseline).
+      group_size: K, the minimum number of finished attempts per task.
+      workers_per_task: concurrent attempt chains per task.
+      insight_after: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
+      progress: show a progress bar (tqdm) of finished attempts.
+    """
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        make_env: Callable[[], Env],
+        builder: ContextBuilder,
+        episode: EpisodeConfig,
+        schedule: InsightSchedule,
+        writer: InsightWriter | None,
+        *,
+        group_size: int,
+        workers_per_task: int = 1,
+        insight_after: str = "failure",
+        progress: bool = False,
+    ):
+        if insight_after not in ("failure", "any"):
+            raise ValueError(f'insight_after must be "failure" or "any", got {insight_after!r}')
+        self.engine, self.make_env, self.builder = engine, make_env, builder
+        self.episode, self.schedule, self.writer = episode, schedule, writer
+        self.group_size, self.workers_per_task = group_size, workers_per_task
+        self.insight_after, self.progress = insight_after, progress
+
+    def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
+        """Runs one phase (blocking)."""
+        return asyncio.run(self.collect_async(tasks, phase))
+
+    async def collect_async(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
+        if not tasks:
+            raise ValueError("a phase needs at least one task")
+        if len({t.task_id for t in tasks}) != len(tasks):
+            raise ValueError("the tasks of a phase must be distinct (one group per task)")
+        self.schedule.reset()
+        finished = {t.task_id: 0 for t in tasks}
+        started = dict.fromkeys(finished, 0)
+        attempts: list[Attempt] = []
+        judgements: list[tuple[str, int, Judgement]] = []
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(tasks) * self.group_size, desc=f"phase {phase}", unit="attempt", leave=False)
+
+        def more_needed() -> bool:
+            return any(n < self.group_size for n in finished.values())
+
+        async def chain(task: Task) -> None:
+            env = await asyncio.to_thread(self.make_env)
+            try:
+                while more_needed():
+                    started[task.task_id] += 1
+                    index = started[task.task_id]
+                    insights = self.schedule.insights_for(task.task_id)
+                    cfg = dataclasses.replace(self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0))
+                    attempt = await run_attempt(task, index, insights, env, self.engine, self.builder, cfg)
+                    self.schedule.record(task.task_id, attempt.success, attempt=index)
+                    attempts.append(attempt)
+                    finished[task.task_id] += 1
+                    if bar is not None:
+                        bar.update(1)
+                    if self.writer is not None and (not attempt.success or self.insight_after == "any"):
+                        failed = dataclasses.replace(attempt.failed_attempt(self.builder), success=attempt.success)
+                        seed = step_seed(self.episode.seed, f"insight/{task.task_id}", phase, index, 0)
+                        judgement = await self.writer.write(failed, seed=seed)
+                        judgements.append((task.task_id, index, judgement))
+                        if judgement.insight:
+                            self.schedule.add_insight(task.task_id, judgement.insight, index)
+            finally:
+                await asyncio.to_thread(env.close)
+
+        try:
+            await asyncio.gather(*(chain(t) for t in tasks for _ in range(self.workers_per_task)))
+        finally:
+            if bar is not None:
+                bar.close()
+        return PhaseResult(tuple(attempts), tuple(judgements))
+
+
+def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None:
+    """Writes a phase's attempts and judgements as JSON lines (the offline SFT baselines and analyses read them)."""
+    judged = {(tid, idx): j for tid, idx, j in result.judgements}
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for a in result.attempts:
+            j = judged.get((a.task.task_id, a.index))
+            record: dict[str, Any] = {
+                "phase": phase,
+                "task": json.loads(a.task.to_json()),
+                "attempt": a.index,
+                "insights": [{"text": i.text, "attempt": i.attempt} for i in a.insights],
+                "end": a.end,
+                "success": a.success,
+                "verdict": dataclasses.asdict(a.verdict),
+                "steps": [dataclasses.asdict(s) for s in a.steps],
+                "judgement": None if j is None else {"insight": j.insight, "fields": j.fields, "parse_error": j.parse_error},
+            }
+            f.write(json.dumps(record) + "\n")

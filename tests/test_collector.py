@@ -1,0 +1,39 @@
+"""A collection phase with the real tiny engine, SAPI worlds and rule-based insights: groups, sequential insights."""
+
+from __future__ import annotations
+
+import json
+
+from rltldr_jax.agent.collector import Collector, save_phase
+from rltldr_jax.agent.episode import EpisodeConfig
+from rltldr_jax.agent.insight import InsightWriter, verifier_insight
+from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.envs import make_env
+from rltldr_jax.envs.sapi.tasks import generate_tasks
+
+
+def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
+    _, engine = tiny_policy
+    tasks = generate_tasks("train", seed=0, n=60)[:2]
+    collector = Collector(
+        engine,
+        lambda: make_env("sapi", step_timeout_s=5.0),
+        builder,
+        EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096),
+        InsightSchedule("threshold", threshold=0.5),
+        InsightWriter(builder.tokenizer, None, source="verifier"),
+        group_size=3,
+    )
+    result = collector.collect(tasks, phase=0)
+    groups = result.groups()
+    assert set(groups) == {t.task_id for t in tasks} and all(len(g) >= 3 for g in groups.values())
+    for group in groups.values():
+        assert [a.index for a in group] == list(range(1, len(group) + 1))
+        for a in group:  # a random policy fails every attempt: attempt k sees the k-1 earlier insights, in order
+            assert not a.success and a.end == "malformed"
+            expected = [verifier_insight(earlier.verdict.report) for earlier in group[: a.index - 1]]
+            assert [i.text for i in a.insights] == expected and [i.attempt for i in a.insights] == list(range(1, a.index))
+    assert len(result.judgements) == len(result.attempts) and result.parse_failures == 0
+    save_phase(tmp_path / "phase0.jsonl", 0, result)
+    lines = [json.loads(x) for x in (tmp_path / "phase0.jsonl").read_text().splitlines()]
+    assert len(lines) == len(result.attempts) and all(line["judgement"]["insight"] for line in lines)
