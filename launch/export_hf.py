@@ -1,0 +1,65 @@
+"""Export a training checkpoint's parameters to an HF safetensors directory (transformers / SGLang load it).
+
+    python launch/export_hf.py --checkpoint_dir=runs/sapi-rltldr/checkpoints --out=/tmp/qwen_rltldr
+    python launch/export_hf.py --checkpoint_dir=... --step=120 --out=... --dtype=float32
+    python launch/export_hf.py --checkpoint_dir=... --out=... --config_json=/ckpt/qwen3_5_9b/config.json
+
+The architecture is read from the checkpoint (the trainer records `Qwen35Config.to_hf_dict()` at save time);
+--preset or --config_json give it for checkpoints saved without one (and must agree with a recorded one).
+Only the parameters are read; the optimizer state is not touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+DTYPES = ("bfloat16", "float32", "float16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint_dir", required=True, help="the run's checkpoint directory (Checkpointer), local or gs://")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
+    p.add_argument("--out", required=True, help="output directory: config.json + model*.safetensors")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the written tensors")
+    arch = p.add_mutually_exclusive_group()
+    arch.add_argument("--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none")
+    arch.add_argument("--config_json", help="HF config.json (or a directory holding one) giving the architecture")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import jax.numpy as jnp
+
+    from rltldr_jax.checkpoint import CheckpointMismatchError, export_hf
+    from rltldr_jax.models import Qwen35Config, get_preset
+
+    try:
+        config = None
+        if args.preset:
+            config = get_preset(args.preset)
+        elif args.config_json:
+            path = args.config_json
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"no config file {path!r}")
+            with open(path, encoding="utf-8") as f:
+                config = Qwen35Config.from_hf_dict(json.load(f))
+        step = export_hf(args.checkpoint_dir, args.step, args.out, config=config, dtype=getattr(jnp, args.dtype))
+    except (FileNotFoundError, ValueError, CheckpointMismatchError) as e:
+        print(f"export_hf: error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({args.dtype})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

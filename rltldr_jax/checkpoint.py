@@ -1,0 +1,433 @@
+"""Training checkpoints (orbax) and their export to HF safetensors.
+
+A checkpoint is everything a resumed run needs to continue exactly where it stopped (DESIGN.md §4):
+
+    {directory}/{step}/
+      params/      the model state (`nnx.split(model)[1]`), an orbax StandardSave pytree (tensorstore/OCDBT)
+      opt_state/   the optax state, StandardSave (absent when saved with opt_state=None)
+      state/       JSON: {"format", "step", "rng": key data + impl, "model_config": Qwen35Config.to_hf_dict()}
+      meta/        JSON: the caller's dict (task cursor, collector/schedule state, metric accumulators, config,
+                   phase index, env-step counter, weight version, ...)
+      _CHECKPOINT_METADATA, commit_success.txt   (orbax)
+
+Saving is atomic (orbax writes `{step}.orbax-checkpoint-tmp-*` and renames it when complete), so a crash
+mid-save leaves the previous checkpoints intact and the partial one is never listed. Saves are asynchronous
+by default: `save` returns once the arrays are copied off the accelerator (so the caller may donate or
+overwrite them), the write continues in the background; `wait_until_finished` blocks until it is on disk.
+
+`restore` restores into abstract targets (`jax.ShapeDtypeStruct`s, e.g. from `nnx.eval_shape` and
+`jax.eval_shape(tx.init, ...)`) with their shardings, so a sharded model restores straight into its mesh
+layout; every parameter's name, shape and dtype is checked against the checkpoint first, and a different
+architecture fails with `CheckpointMismatchError` naming the mismatching parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
+from rltldr_jax.models.config import Qwen35Config
+
+FORMAT_VERSION = 1
+ITEMS = ("params", "opt_state", "state", "meta")
+_ARRAY_ITEMS = ("params", "opt_state")
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatchError(ValueError):
+    """The restore target does not match the checkpoint: the message lists missing/unexpected/mis-shaped arrays."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What `Checkpointer.restore` returns.
+
+    Attributes:
+      params: the model state, with the structure and shardings of `abstract_params`.
+      opt_state: the optimizer state (None when not asked for).
+      step: the checkpoint's step.
+      rng: the JAX key as saved (typed key or raw uint32 key data), None if none was saved.
+      meta: the JSON dict given to `save` (as JSON gives it back: tuples become lists, keys strings).
+      model_config: the architecture recorded at save time, None if none was given.
+    """
+
+    params: Any
+    opt_state: Any
+    step: int
+    rng: jax.Array | None
+    meta: dict[str, Any]
+    model_config: Qwen35Config | None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _flat(tree) -> dict[str, Any]:
+    """Dotted path ("blocks.runs.0.mlp.up_proj.kernel.value", "1.0.mu.…") → leaf."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    """`value` as JSON gives it back; numpy/JAX scalars and arrays become Python numbers and lists."""
+
+    def default(o):
+        if isinstance(o, (np.generic,)):
+            return o.item()
+        if isinstance(o, (np.ndarray, jax.Array)):
+            return np.asarray(o).tolist()
+        if isinstance(o, (set, frozenset)):
+            return sorted(o)
+        raise TypeError(f"{what} must be JSON-serialisable; found {type(o).__name__}: {o!r:.80}")
+
+    return json.loads(json.dumps(value, default=default))
+
+
+def _rng_to_json(rng) -> dict[str, Any] | None:
+    if rng is None:
+        return None
+    rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+    typed = bool(jnp.issubdtype(rng.dtype, jax.dtypes.prng_key))
+    data = np.asarray(jax.device_get(jax.random.key_data(rng) if typed else rng))
+    return {
+        "typed": typed,
+        "impl": str(jax.random.key_impl(rng)) if typed else None,
+        "dtype": str(data.dtype),
+        "shape": list(data.shape),
+        "data": data.ravel().tolist(),
+    }
+
+
+def _rng_from_json(raw: Mapping[str, Any] | None) -> jax.Array | None:
+    if raw is None:
+        return None
+    data = jnp.asarray(np.asarray(raw["data"], dtype=raw["dtype"]).reshape(raw["shape"]))
+    return jax.random.wrap_key_data(data, impl=raw["impl"]) if raw["typed"] else data
+
+
+def _config_dict(config) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    if hasattr(config, "config") and isinstance(config.config, Qwen35Config):  # a ModelSpec
+        config = config.config
+    if isinstance(config, Qwen35Config):
+        return config.to_hf_dict()
+    if isinstance(config, Mapping):
+        return Qwen35Config.from_hf_dict(dict(config)).to_hf_dict()
+    raise TypeError(f"model_config must be a Qwen35Config, ModelSpec or HF config dict, not {type(config).__name__}")
+
+
+def _abstract(tree, default_sharding: jax.sharding.Sharding):
+    """Leaves → ShapeDtypeStruct with a sharding (their own, else `default_sharding`)."""
+
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        if not isinstance(sharding, jax.sharding.Sharding):
+            sharding = default_sharding
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+    return jax.tree.map(one, tree)
+
+
+def _fmt_shape(x) -> str:
+    return f"{tuple(x.shape)} {np.dtype(x.dtype).name}"
+
+
+def _compare(item: str, target, stored_metadata) -> list[str]:
+    """Problems (empty when none) of restoring checkpoint item `item` into `target`."""
+    want, have = _flat(target), _flat(stored_metadata)
+    missing = [n for n in want if n not in have]
+    unexpected = [n for n in have if n not in want]
+    wrong = [
+        f"{n}: checkpoint {_fmt_shape(have[n])} ≠ target {_fmt_shape(want[n])}"
+        for n in want
+        if n in have and (tuple(have[n].shape) != tuple(want[n].shape) or np.dtype(have[n].dtype) != np.dtype(want[n].dtype))
+    ]
+
+    def cut(names: list[str], sep: str = ", ") -> str:
+        return sep.join(names[:12]) + (f"{sep}… ({len(names)} in all)" if len(names) > 12 else "")
+
+    problems = []
+    if missing:
+        problems.append(f"{item}: not in the checkpoint: {cut(missing)}")
+    if unexpected:
+        problems.append(f"{item}: in the checkpoint but not in the target: {cut(unexpected)}")
+    if wrong:
+        problems.append(f"{item}: mis-shaped: {cut(wrong, '; ')}")
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checkpointer
+# ----------------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves and restores training checkpoints under `directory` (local path or gs://), keeping the newest `keep`.
+
+    Args:
+      directory: the run's checkpoint directory (e.g. {workdir}/checkpoints); created unless `create=False`.
+      keep: most recent checkpoints kept (config `train.keep_checkpoints`); None keeps all.
+      async_save: write in a background thread (`wait_until_finished` / `close` to join it).
+      create: create `directory` if missing; with False a missing directory raises FileNotFoundError.
+
+    Use as a context manager, or call `close()`, so a pending save finishes before the process exits.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int | None, async_save: bool = True, create: bool = True):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: keep at least one checkpoint (or None for all)")
+        self.directory = epath.Path(directory)
+        if not create and not self.directory.is_dir():
+            raise FileNotFoundError(f"no checkpoint directory {os.fspath(directory)!r}")
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=create, enable_async_checkpointing=async_save, save_interval_steps=1,
+        )  # fmt: skip
+        handlers = {
+            "params": ocp.StandardCheckpointHandler(),
+            "opt_state": ocp.StandardCheckpointHandler(),
+            "state": ocp.JsonCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+    # -- bookkeeping -------------------------------------------------------------------------------------
+
+    def _step_dir(self, step: int) -> epath.Path:
+        return self.directory / str(step)
+
+    def _complete(self, step: int) -> bool:
+        d = self._step_dir(step)
+        return (d / "_CHECKPOINT_METADATA").exists() and (d / "params").exists() and (d / "state").exists()
+
+    def all_steps(self) -> list[int]:
+        """Steps of the complete checkpoints, ascending (partial writes and foreign directories are skipped).
+
+        A save still in flight is not listed yet (restoring waits for it).
+        """
+        return sorted(s for s in self._manager.all_steps(read=True) if self._complete(s))
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step; None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _resolve(self, step: int | None) -> int:
+        self._manager.wait_until_finished()  # a save of this process still in flight counts
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise FileNotFoundError(f"no checkpoint in {os.fspath(self.directory)!r}")
+            return steps[-1]
+        if int(step) not in steps:
+            raise FileNotFoundError(f"no checkpoint for step {step} in {os.fspath(self.directory)!r}; steps: {steps or 'none'}")
+        return int(step)
+
+    def wait_until_finished(self) -> None:
+        """Blocks until every pending save is on disk (and old checkpoints beyond `keep` are deleted)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- save ----------------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        *,
+        params,
+        opt_state,
+        rng: jax.Array | None,
+        meta: Mapping[str, Any] | None = None,
+        model_config: Qwen35Config | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Saves a checkpoint for `step` (asynchronously unless `async_save=False`).
+
+        Args:
+          step: the optimizer step (or phase) it is saved at; must be new.
+          params: the model state (`nnx.split(model)[1]`), any pytree of arrays.
+          opt_state: the optax state (None to save none).
+          rng: a JAX key (typed `jax.random.key` or raw uint32 `PRNGKey` data), or None.
+          meta: JSON-serialisable dict (numpy scalars/arrays are converted to numbers/lists).
+          model_config: the architecture (Qwen35Config, ModelSpec or HF config dict), so that `export_hf` needs
+            nothing but the directory.
+        """
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        if step in self._manager.all_steps():
+            raise ValueError(f"a checkpoint for step {step} already exists in {os.fspath(self.directory)!r}")
+        state = {"format": FORMAT_VERSION, "step": step, "rng": _rng_to_json(rng), "model_config": _config_dict(model_config)}
+        args = {
+            "params": ocp.args.StandardSave(params),
+            "state": ocp.args.JsonSave(state),
+            "meta": ocp.args.JsonSave(_jsonable(dict(meta or {}), "meta")),
+        }
+        if opt_state is not None:
+            args["opt_state"] = ocp.args.StandardSave(opt_state)
+        if not self._manager.save(step, args=ocp.args.Composite(**args), force=True):
+            raise RuntimeError(f"orbax declined to save step {step} in {os.fspath(self.directory)!r}")
+
+    # -- restore ---------------------------------------------------------------------------------------------
+
+    def read_state(self, step: int | None = None) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """(step, internal state JSON, meta) of a checkpoint, without reading any array."""
+        step = self._resolve(step)
+        r = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        return step, dict(r["state"]), dict(r["meta"] or {})
+
+    def model_config(self, step: int | None = None) -> Qwen35Config | None:
+        """The architecture recorded with a checkpoint (None if it was saved without one)."""
+        raw = self.read_state(step)[1].get("model_config")
+        return None if raw is None else Qwen35Config.from_hf_dict(raw)
+
+    def stored_arrays(self, step: int | None = None, item: str = "params") -> dict[str, Any]:
+        """Dotted name → orbax ArrayMetadata (shape, dtype, ...) of a checkpoint's `params` or `opt_state`."""
+        step = self._resolve(step)
+        if not (self._step_dir(step) / item).exists():
+            raise FileNotFoundError(f"checkpoint step {step} in {os.fspath(self.directory)!r} has no {item}")
+        return _flat(self._manager.item_metadata(step)[item])
+
+    def restore(self, step: int | None = None, *, abstract_params, abstract_opt_state=None) -> Restored:
+        """Restores a checkpoint (default: the latest) into the given targets.
+
+        Args:
+          step: which checkpoint; None for the latest.
+          abstract_params: the target of the model state: ShapeDtypeStructs (`nnx.split(spec.abstract())[1]`) or
+            arrays, optionally with shardings (`jax.ShapeDtypeStruct(shape, dtype, sharding=...)`); leaves
+            without a sharding go to the first local device.
+          abstract_opt_state: the optimizer state's target (`jax.eval_shape(tx.init, abstract_params)`, shardings
+            from `sharding.optimizer_shardings`); None skips the optimizer state.
+
+        Raises:
+          FileNotFoundError: no such checkpoint.
+          CheckpointMismatchError: the targets' names/shapes/dtypes differ from the checkpoint's.
+        """
+        step = self._resolve(step)
+        default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        targets = {"params": _abstract(abstract_params, default)}
+        if abstract_opt_state is not None:
+            targets["opt_state"] = _abstract(abstract_opt_state, default)
+        metadata = self._manager.item_metadata(step)
+        problems = []
+        for item, target in targets.items():
+            if not (self._step_dir(step) / item).exists():
+                problems.append(f"{item}: the checkpoint has none")
+            else:
+                problems += _compare(item, target, metadata[item])
+        if problems:
+            _, state, _ = self.read_state(step)
+            saved = state.get("model_config")
+            hint = ""
+            if saved is not None:
+                keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "tie_word_embeddings")
+                hint = " (it was saved for " + ", ".join(f"{k}={saved.get(k)}" for k in keys) + ")"
+            raise CheckpointMismatchError(
+                f"checkpoint step {step} in {os.fspath(self.directory)!r} does not match the restore target{hint}:\n  "
+                + "\n  ".join(problems)
+            )
+        args = {item: ocp.args.StandardRestore(t) for item, t in targets.items()}
+        args |= {"state": ocp.args.JsonRestore(), "meta": ocp.args.JsonRestore()}
+        r = self._manager.restore(step, args=ocp.args.Composite(**args))
+        state = dict(r["state"])
+        if state.get("format") != FORMAT_VERSION:
+            raise ValueError(f"checkpoint step {step} has format {state.get('format')}; this code reads {FORMAT_VERSION}")
+        raw_config = state.get("model_config")
+        return Restored(
+            params=r["params"],
+            opt_state=r["opt_state"] if abstract_opt_state is not None else None,
+            step=step,
+            rng=_rng_from_json(state.get("rng")),
+            meta=dict(r["meta"] or {}),
+            model_config=None if raw_config is None else Qwen35Config.from_hf_dict(raw_config),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Export
+# ----------------------------------------------------------------------------------------------------
+
+
+def export_hf(
+    checkpoint_dir: str | os.PathLike,
+    step: int | None,
+    out_dir: str | os.PathLike,
+    *,
+    config: Qwen35Config | Any | None = None,
+    dtype: Any = jnp.bfloat16,
+) -> int:
+    """Writes a checkpoint's parameters as an HF safetensors directory (`models.save_pretrained`).
+
+    Args:
+      checkpoint_dir: a `Checkpointer` directory.
+      step: which checkpoint; None for the latest.
+      out_dir: output directory (config.json + model*.safetensors).
+      config: the architecture (Qwen35Config or ModelSpec); None uses the one recorded at save time.
+      dtype: tensor dtype written (None keeps the stored one).
+
+    Returns:
+      The exported step.
+    """
+    from rltldr_jax.models import ModelSpec, save_pretrained
+
+    ckpt = Checkpointer(checkpoint_dir, keep=None, async_save=False, create=False)
+    try:
+        step, state, _ = ckpt.read_state(step)
+        saved = state.get("model_config")
+        if config is not None and hasattr(config, "config") and isinstance(config.config, Qwen35Config):
+            config = config.config
+        if config is None:
+            if saved is None:
+                raise ValueError(
+                    f"checkpoint step {step} in {os.fspath(checkpoint_dir)!r} records no model config; "
+                    "give the architecture (a preset or an HF config.json)"
+                )
+            config = Qwen35Config.from_hf_dict(saved)
+        elif saved is not None and Qwen35Config.from_hf_dict(saved) != config:
+            ours, theirs = config.to_hf_dict(), Qwen35Config.from_hf_dict(saved).to_hf_dict()
+            diff = ", ".join(f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k))
+            raise ValueError(f"the given model config differs from the one saved with checkpoint step {step}: {diff}")
+        graphdef, abstract = nnx.split(ModelSpec(config).abstract())
+        stored = ckpt.stored_arrays(step, "params")
+        # Restore each array in its stored dtype (exact, no extra memory), on the host; the export casts to `dtype`.
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+        def target(path, leaf):
+            name = ".".join(_key_name(k) for k in path)
+            dt = stored[name].dtype if name in stored else leaf.dtype
+            return jax.ShapeDtypeStruct(leaf.shape, dt, sharding=cpu)
+
+        abstract = jax.tree_util.tree_map_with_path(target, abstract)
+        restored = ckpt.restore(step, abstract_params=abstract)
+        save_pretrained(nnx.merge(graphdef, restored.params), out_dir, dtype=dtype)
+        return step
+    finally:
+        ckpt.close()
