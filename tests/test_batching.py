@@ -1,0 +1,78 @@
+"""Attempts → examples (advantages, filters, masks, old logprobs) → packed TrainBatches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
+from rltldr_jax.envs import Task, Verdict
+from rltldr_jax.tokenization import Insight
+from rltldr_jax.train.batching import pack, phase_examples
+
+
+def _step(tok, think: str, action: str, *, forced_close: bool = False, obs: str | None = "ok") -> StepRecord:
+    think_ids = tok.encode(think)
+    close = [tok.think_end_id, *tok.encode("\n\n")]
+    action_ids = tok.encode(f"```python\n{action}\n```") + [tok.im_end_id]
+    ids = (*think_ids, *close, *action_ids)
+    forced = (False,) * len(think_ids) + (forced_close,) * len(close) + (False,) * len(action_ids)
+    logprobs = tuple(0.0 if f else -0.1 * (i + 1) for i, f in enumerate(forced))
+    return StepRecord(ids, forced, logprobs, action, obs, 0)
+
+
+def _attempt(tok, task: Task, index: int, success: bool, insights=(), steps: int = 2) -> Attempt:
+    records = tuple(_step(tok, f"think {index}.{k}", f"x = {k}", forced_close=(k == 0)) for k in range(steps))
+    return Attempt(task, index, tuple(insights), records, "completed", Verdict(success, "", int(success), 1))
+
+
+def test_advantages_filters_masks_and_packing(builder):
+    tok = builder.tokenizer
+    a, b = Task("t/a", "Do A.", "sapi", "train"), Task("t/b", "Do B.", "sapi", "train")
+    hint = Insight("Remember to paginate.", attempt=1)
+    attempts = [
+        _attempt(tok, a, 1, False),
+        _attempt(tok, a, 2, True, [hint]),
+        _attempt(tok, a, 3, False, [hint]),
+        _attempt(tok, a, 4, False, [hint]),
+        *[_attempt(tok, b, i, False, [hint] if i > 1 else []) for i in range(1, 4)],  # no success: zero advantage
+    ]
+    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0)
+    assert stats.zero_advantage_groups == 1 and stats.kept_attempts == 4 and len(examples) == 8
+    assert [e.advantage for e in examples[::2]] == [-0.25, 0.75, -0.25, -0.25]  # r - mean(r), one value per attempt
+    second = examples[3]  # attempt 2, step 1: the first step is context without its think trace
+    ctx_text = tok.decode(second.ids)
+    assert "think 2.0" not in ctx_text and "think 2.1" in ctx_text and task_text(a) in ctx_text
+    step = attempts[1].steps[1]
+    sampled = ~np.asarray(step.forced)
+    start = len(second) - len(step.action_ids)
+    assert np.array_equal(np.flatnonzero(second.action_mask), start + np.flatnonzero(sampled))
+    np.testing.assert_allclose(second.old_logprobs[start:], step.logprobs)
+    assert second.old_logprobs[:start].sum() == 0
+    assert tok.decode(second.ids[second.insight_mask]) == hint.text  # the flipped mask: exactly the insight sentence
+    assert examples[0].insight_mask.sum() == 0  # attempt 1 had no insight
+    first = examples[2]  # attempt 2, step 0: its forced `</think>\n\n` is context, not a target
+    assert first.action_mask.sum() == sum(not f for f in attempts[1].steps[0].forced)
+
+    kept, stats = phase_examples(attempts, builder, positive_ratio=0.75)  # 1 positive → no negative may stay
+    assert stats.kept_attempts == 1 and {e.attempt for e in kept} == {2}
+    sft, stats = phase_examples(attempts, builder, positive_ratio=0.75, keep_sft_only=True)
+    assert stats.sft_only_attempts == 4  # the dropped insight-conditioned attempts: a/3, a/4, b/2, b/3
+    assert all(e.action_mask.sum() == 0 and e.insight_mask.sum() > 0 for e in sft if e.attempt != 2 or e.task_id == "t/b")
+
+    batches = pack(examples, micro_batch_size=2, grad_accum_steps=3, pad_to_multiple=64)
+    assert len(batches) == 2 and batches[0].ids.shape[:2] == (3, 2) and batches[0].ids.shape[2] % 64 == 0
+    last = batches[1]
+    assert int(last.action_mask[1:].sum()) == 0 and int(last.ids[1:].sum()) == 0  # 8 = 6 + 2: padding rows are empty
+    assert np.asarray(last.advantages).reshape(-1)[:2].tolist() == [e.advantage for e in examples[6:]]
+
+
+def test_split_advantages_makes_separate_groups(builder):
+    tok = builder.tokenizer
+    a = Task("t/a", "Do A.", "sapi", "train")
+    hint = Insight("Remember to paginate.", attempt=1)
+    attempts = [_attempt(tok, a, 1, True, steps=1), _attempt(tok, a, 2, True, [hint], steps=1),
+                _attempt(tok, a, 3, False, [hint], steps=1), _attempt(tok, a, 4, False, [hint], steps=1)]  # fmt: skip
+    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0, split_advantages=True)
+    # unconditioned group {1: success} has zero advantage and is dropped; conditioned {2, 3, 4} = [1, 0, 0] − 1/3
+    assert stats.zero_advantage_groups == 1 and [e.attempt for e in examples] == [2, 3, 4]
+    np.testing.assert_allclose([e.advantage for e in examples], [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
