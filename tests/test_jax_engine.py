@@ -45,6 +45,19 @@ def test_logprobs_equal_teacher_forced(engine, model):
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
 
 
+def test_padded_prefill_bucket(engine, model):
+    """Three requests admitted together fill a bucket of four: the padding row is dropped, not recorded."""
+    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in enumerate(_prompts(3, seed=13))]
+    results, finished = [], threading.Semaphore(0)
+    engine.pause()  # queue all three first, so that one admission takes them together
+    for r in requests:
+        engine.submit(r, lambda res: (results.append(res), finished.release()))
+    engine.resume()
+    for _ in requests:
+        assert finished.acquire(timeout=120)
+    assert sorted(len(r.token_ids) for r in results) == [3, 3, 3] and engine.running
+
+
 def test_seeded_sampling_does_not_depend_on_the_batch(engine):
     prompt = _prompts(1, seed=3)[0]
     alone = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7))])[0]

@@ -371,7 +371,8 @@ class JaxEngine:
         for slot, a in zip(rows, actives):
             self._slots[slot] = a
         self._admitting = []
-        for slot, token, logprob in zip(rows, np.asarray(tokens), np.asarray(logprobs)):
+        k = len(actives)  # rows past k are bucket padding
+        for slot, token, logprob in zip(rows[:k], np.asarray(tokens)[:k], np.asarray(logprobs)[:k]):
             self._record(int(slot), int(token), float(logprob), version)
 
     def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
