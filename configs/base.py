@@ -104,6 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.std_normalize = False  # divide advantages by the group std (GRPO-style ablation, Table 9)
     c.loss.filter_zero_advantage = True  # drop groups whose advantages are all zero (A.3.2)
     c.loss.positive_ratio = 0.75  # keep rollouts so that >= 75 % have positive advantage (A.3.2); 0 = off
+    # Not in the paper: keep attempts the filters dropped as SFT-only examples when insights were in their context
+    # (L_SFT otherwise rides only on kept GRPO examples, so all-failure groups teach nothing). On when grpo_coef=0.
+    c.loss.sft_on_filtered = False
     c.loss.split_advantages = False  # insight-conditioned and unconditioned attempts as separate groups (Table 9)
     # How insight-conditioned attempts enter the update:
     #   in_context:   with the insights in context, as sampled (RLTL;DR)
@@ -383,13 +386,14 @@ def apply_tiny(c: ml_collections.ConfigDict) -> None:
             "rollout.max_action_tokens": 48,
             "rollout.max_context_tokens": 2048,
             "insight.source": "verifier",
+            "loss.sft_on_filtered": True,  # a random policy never succeeds: only L_SFT can move it
             "insight.thinking": False,
             "insight.max_think_tokens": 0,
             "insight.max_action_tokens": 64,
             "optim.learning_rate": 1e-4,
             "batch.micro_batch_size": 4,
             "batch.grad_accum_steps": 1,
-            "batch.pad_to_multiple": 64,
+            "batch.pad_to_multiple": 1024,  # one example length: train_step compiles once
             "mesh.data": -1,
             "mesh.fsdp": 1,
             "engine.kind": "jax",

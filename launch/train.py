@@ -3,6 +3,8 @@
     python launch/train.py --config=configs/sapi.py:tiny --dry_run
     python launch/train.py --config=configs/sapi.py --ablation=grpo --config.seed=1 --dry_run
     python launch/train.py --list_ablations
+    python launch/train.py --config=configs/sapi.py:tiny                 # a few phases on a laptop CPU
+    python launch/train.py --config=configs/sapi.py:tiny --resume        # continue from the last checkpoint
 
 `--config=FILE[:PRESET]` loads `get_config(PRESET)` from FILE; `--ablation=NAME` applies a named row of
 configs/ablations.py; `--config.KEY=VALUE` flags override last. The resolved config is validated: an unknown
@@ -28,6 +30,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the workdir.")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -68,10 +71,19 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         print(config)
         return
-    sys.exit(
-        "error: the RLTL;DR training loop is not part of this version yet (it lands with the end-to-end issue); "
-        "run with --dry_run to print and check the resolved config."
-    )
+    import logging
+
+    from rltldr_jax.train.loop import Trainer
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trainer = Trainer(config, resume=_RESUME.value, progress=sys.stderr.isatty())
+    except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data: say what and how to fix
+        sys.exit(f"error: {e}")
+    trainer.run()
 
 
 if __name__ == "__main__":

@@ -555,7 +555,7 @@ def unroll_state(state: nnx.State) -> nnx.State:
             flat.append((("lm_head", "weight"), jnp.asarray(value).T))
             continue
         if key[:2] != ("blocks", "runs"):
-            flat.append((key, value))
+            flat.append((key, jnp.array(value, copy=True)))  # a copy: the trainer may donate its own buffers
             continue
         _, runs, r, *rest = key  # ("blocks", "runs", r, ...) → ("blocks", b, "runs", r, j, ...)
         kernel = rest[-1] == "kernel"

@@ -120,7 +120,7 @@ def train_step(
         "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
         "entropy": safe_divide(aux["entropy_sum"], grpo_count),
         "logprob_gap": safe_divide(aux["trainer_logprob_sum"] - aux["sampler_logprob_sum"], grpo_count),
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "grpo_tokens": grpo_count,
         "sft_tokens": sft_count,
     }

@@ -1,0 +1,277 @@
+"""The RLTL;DR training loop: phases of sequential collection, then the update, weight push, logs, checkpoints.
+
+    trainer = Trainer(config)        # config from configs/*.py (validated)
+    trainer.run()                    # until train.env_step_budget / train.max_phases
+    trainer.evaluate()               # held-out tasks, K attempts each, no insights: macro Pass@1 and Pass@K
+
+One phase: `rollout.tasks_per_phase` tasks from the task cursor; the collector runs ≥ K attempts per task with
+insights inserted by the schedule; `phase_examples` turns attempts into one example per step (advantages,
+filters, masks); `batch.ppo_epochs` passes of jitted `train_step`s (shuffled each epoch); the new weights go to
+the engine with version = phase + 1. TensorBoard gets the deconfounded metrics with the environment-step count
+as x-axis (and tokens / walltime variants); checkpoints hold params, optimizer state, RNG, the task cursor and
+the counters, so `resume=True` continues where the run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rltldr_jax.agent.collector import Collector, PhaseResult, save_phase
+from rltldr_jax.agent.episode import EpisodeConfig
+from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.envs import TaskSource, load_tasks, make_env
+from rltldr_jax.metrics import AttemptRecord, summarize
+from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
+from rltldr_jax.train.batching import pack, phase_examples
+from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
+
+log = logging.getLogger(__name__)
+
+
+def workdir_of(config: Any) -> str:
+    return config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}")
+
+
+def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
+    return [
+        AttemptRecord(a.task.task_id, a.index, a.success, bool(a.insights), a.env_steps, a.generated_tokens)
+        for a in result.attempts
+    ]
+
+
+class Trainer:
+    """Builds every part from a config and runs phases (see the module docstring).
+
+    Args:
+      config: a validated config (`configs.base.resolve`).
+      resume: continue from the latest checkpoint in the workdir, if any.
+      progress: progress bars for collection.
+    """
+
+    def __init__(self, config: Any, *, resume: bool = False, progress: bool = False):
+        self.config = config
+        self.workdir = workdir_of(config)
+        os.makedirs(self.workdir, exist_ok=True)
+        dtype = getattr(jnp, config.model.dtype)
+        param_dtype = getattr(jnp, config.model.param_dtype)
+        self.tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
+        self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking)
+        if config.model.checkpoint:
+            model = load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat)
+        else:
+            spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
+            model = spec.build(seed=config.seed)
+        self.model_config = model.config
+        self.graphdef, self.params = nnx.split(model)
+        o = config.optim
+        self.tx = make_optimizer(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+        self.opt_state = self.tx.init(self.params)
+        self.loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps)
+        self._step = jax.jit(lambda p, s, b: train_step(self.graphdef, p, s, b, tx=self.tx, loss_cfg=self.loss_cfg), donate_argnums=(0, 1))
+        self.rng = jax.random.key(config.seed)
+        self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
+        self.phase = 0
+        self.env_steps = 0
+        self.tokens = 0
+        self.version = 0
+        self.start_time = time.time()
+        self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+        if resume and self.checkpoints.latest_step() is not None:
+            self._restore()
+        self.engine = self._make_engine()
+        self.schedule = InsightSchedule.from_config(config)
+        writer = None if config.insight.schedule == "never" else InsightWriter.from_config(config, self.tokenizer, self.engine)
+        self.collector = Collector(
+            self.engine, self._make_env, self.builder, EpisodeConfig.from_config(config), self.schedule, writer,
+            group_size=config.rollout.group_size, workers_per_task=config.rollout.workers_per_task,
+            insight_after=config.insight.after, progress=progress,
+        )  # fmt: skip
+        self.summary = _SummaryWriter(os.path.join(self.workdir, "tb"))
+
+    # -- parts ------------------------------------------------------------------------------------------------
+
+    def _make_env(self):
+        e = self.config.env
+        return make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
+
+    def _make_engine(self):
+        kind = self.config.engine.kind
+        if kind == "jax":
+            from rltldr_jax.engines import JaxEngine
+
+            engine = JaxEngine(nnx.merge(self.graphdef, self.params), max_batch=self.config.engine.max_batch,
+                               max_len=self.config.rollout.max_context_tokens, weight_version=self.version)  # fmt: skip
+            return engine
+        from rltldr_jax.engines import SglangClient
+
+        servers = [s.strip() for s in self.config.engine.servers.split(",") if s.strip()]
+        if not servers:
+            raise ValueError(
+                f"engine.kind={kind} needs engine.servers=host:port,...; start them with "
+                + ("launch/serve_sglang.py (CUDA GPUs)" if kind == "sglang" else "launch/serve.py")
+            )
+        http = [s.strip() for s in self.config.engine.http_servers.split(",") if s.strip()] or None
+        if kind == "sglang" and not http:
+            raise ValueError("engine.kind=sglang needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes")
+        return SglangClient(
+            servers, http_urls=http, weight_update="http" if kind == "sglang" else "grpc", graphdef=self.graphdef,
+            weight_dir=self.config.engine.weight_sync_dir or os.path.join(self.workdir, "weights"),
+            request_timeout_s=self.config.engine.request_timeout_s or None, weight_version=self.version,
+        )  # fmt: skip
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        t = self.config.train
+        return bool((t.env_step_budget and self.env_steps >= t.env_step_budget) or (t.max_phases and self.phase >= t.max_phases))
+
+    def run(self) -> None:
+        try:
+            while not self.done():
+                self.run_phase()
+                if self.config.eval.every and self.phase % self.config.eval.every == 0:
+                    self.evaluate()
+            if not self.config.eval.every:
+                self.evaluate()
+        finally:
+            self.close()
+
+    def run_phase(self) -> dict[str, float]:
+        """One collection + update phase; returns its metrics."""
+        c = self.config
+        tasks = self.tasks.take(c.rollout.tasks_per_phase)
+        t0 = time.time()
+        result = self.collector.collect(tasks, self.phase)
+        collect_s = time.time() - t0
+        if c.rollout.save_rollouts:
+            save_phase(os.path.join(self.workdir, "rollouts", f"phase_{self.phase:05d}.jsonl"), self.phase, result)
+        examples, stats = phase_examples(
+            result.attempts, self.builder, std_normalize=c.loss.std_normalize, filter_zero_advantage=c.loss.filter_zero_advantage,
+            positive_ratio=c.loss.positive_ratio, split_advantages=c.loss.split_advantages,
+            keep_sft_only=c.loss.grpo_coef == 0 or c.loss.sft_on_filtered, seed=c.seed + self.phase,
+        )  # fmt: skip
+        t0 = time.time()
+        update = self._update(examples)
+        update_s = time.time() - t0
+        t0 = time.time()
+        self.version = self.phase + 1
+        self.engine.update_weights(nnx.merge(self.graphdef, self.params), self.version)
+        sync_s = time.time() - t0
+        records = attempt_records(result)
+        self.env_steps += result.env_steps
+        self.tokens += sum(r.tokens for r in records)
+        self.phase += 1
+        metrics = {
+            **{f"rollout/{k}": v for k, v in summarize(records, c.eval.attempts_per_task).items()},
+            **{f"update/{k}": v for k, v in update.items()},
+            "rollout/malformed_fraction": float(np.mean([a.end == "malformed" for a in result.attempts])),
+            "insight/parse_failures": float(result.parse_failures),
+            "insight/written": float(sum(j.insight is not None for _, _, j in result.judgements)),
+            "filter/kept_attempts": float(stats.kept_attempts),
+            "filter/zero_advantage_groups": float(stats.zero_advantage_groups),
+            "filter/examples": float(stats.examples),
+            "time/collect_s": collect_s, "time/update_s": update_s, "time/weight_sync_s": sync_s,
+            "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),
+        }  # fmt: skip
+        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        log.info("phase %d: %s", self.phase, json.dumps({k: round(v, 4) for k, v in metrics.items() if np.isfinite(v)}))
+        if c.train.checkpoint_every and self.phase % c.train.checkpoint_every == 0:
+            self.save()
+        return metrics
+
+    def _update(self, examples) -> dict[str, float]:
+        """`ppo_epochs` passes of optimizer steps over the examples (shuffled per epoch); mean metrics."""
+        b = self.config.batch
+        if not examples:
+            return {"optimizer_steps": 0.0}
+        sums: dict[str, float] = {}
+        n = 0
+        order_rng = np.random.default_rng([self.config.seed, self.phase])
+        for _ in range(b.ppo_epochs):
+            shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
+            for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
+                              pad_to_multiple=b.pad_to_multiple, max_len=self.config.rollout.max_context_tokens):  # fmt: skip
+                self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n += 1
+        return {**{k: v / n for k, v in sums.items()}, "optimizer_steps": float(n)}
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out tasks, `eval.attempts_per_task` attempts each, no insights; macro Pass@1 and Pass@K."""
+        c = self.config
+        tasks = load_tasks(c.env.name, c.env.eval_split, seed=c.env.seed)
+        if c.eval.num_tasks:
+            tasks = TaskSource(tasks, seed=c.seed).take(min(c.eval.num_tasks, len(tasks)))
+        collector = Collector(
+            self.engine, self._make_env, self.builder, EpisodeConfig.from_config(c), InsightSchedule("never"), None,
+            group_size=c.eval.attempts_per_task, workers_per_task=c.rollout.workers_per_task,
+        )  # fmt: skip
+        result = collector.collect(tasks, phase=-1 - self.phase)
+        metrics = {f"eval/{k}": v for k, v in summarize(attempt_records(result), c.eval.attempts_per_task).items()}
+        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        return metrics
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        meta = {
+            "phase": self.phase, "env_steps": self.env_steps, "tokens": self.tokens, "version": self.version,
+            "task_cursor": self.tasks.state(), "config": self.config.to_dict(),
+        }  # fmt: skip
+        self.checkpoints.save(self.phase, params=self.params, opt_state=self.opt_state, rng=self.rng, meta=meta,
+                              model_config=self.model_config)  # fmt: skip
+
+    def _restore(self) -> None:
+        abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
+        abstract_opt = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.opt_state)
+        restored = self.checkpoints.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
+        self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
+        meta = restored.meta
+        self.phase, self.env_steps, self.tokens, self.version = meta["phase"], meta["env_steps"], meta["tokens"], meta["version"]
+        self.tasks.restore(meta["task_cursor"])
+        log.info("resumed from phase %d (%d environment steps)", self.phase, self.env_steps)
+
+    def close(self) -> None:
+        self.checkpoints.wait_until_finished()
+        self.summary.close()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+
+class _SummaryWriter:
+    """TensorBoard scalars without TensorFlow (tensorboard's own event-file writer), each under three x-axes:
+    `{tag}` at the environment-step count (the paper's x-axis), `by_tokens/{tag}` at generated tokens, and
+    `by_time/{tag}` at walltime seconds."""
+
+    def __init__(self, logdir: str):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(logdir, flush_secs=10)
+
+    def scalars(self, values: dict[str, float], env_steps: int, *, tokens: int, walltime: float) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        now = time.time()
+        for prefix, step in (("", env_steps), ("by_tokens/", tokens), ("by_time/", int(walltime))):
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=prefix + k, simple_value=float(v)) for k, v in values.items()]
+            )
+            self._writer.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
