@@ -7,6 +7,8 @@ import glob
 import json
 import os
 
+import pytest
+
 from configs import base, sapi
 from rltldr_jax.train.loop import Trainer
 
@@ -45,3 +47,10 @@ def test_tiny_run_updates_logs_checkpoints_and_resumes(tmp_path):
         assert resumed.phase == 2
     finally:
         resumed.close()
+
+
+def test_paper_preset_without_weights_fails_fast(tmp_path):
+    c = sapi.get_config("paper")
+    base.override(c, {"workdir": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"needs model.checkpoint.*Qwen/Qwen3.5-9B"):
+        Trainer(base.validate(c))

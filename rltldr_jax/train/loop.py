@@ -68,6 +68,12 @@ class Trainer:
         param_dtype = getattr(jnp, config.model.param_dtype)
         self.tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
         self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking)
+        if not config.model.checkpoint and config.model.preset != "tiny":
+            raise ValueError(
+                f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
+                "(e.g. `huggingface-cli download Qwen/Qwen3.5-9B --local-dir /ckpt/qwen3_5_9b` on a machine with "
+                "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); only the tiny preset starts from random weights"
+            )
         if config.model.checkpoint:
             model = load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat)
         else:
