@@ -75,10 +75,8 @@ def main(argv: list[str]) -> None:
 
     from rltldr_jax.train.loop import Trainer
 
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint step at INFO through absl
+    logging.getLogger("rltldr_jax").setLevel(logging.INFO)  # one line per phase
     try:
         trainer = Trainer(config, resume=_RESUME.value, progress=sys.stderr.isatty())
     except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data: say what and how to fix
