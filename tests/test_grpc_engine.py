@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -203,6 +204,8 @@ def test_pushes_during_a_long_request_do_not_lose_it(servers, checkpoints):
     """pause(mode=abort) aborts the request at every push; it is retried each time and ends on the last weights."""
     tmp, _ = checkpoints
     request = GenerationRequest(_prompts(1, seed=4)[0], SamplingParams(max_new_tokens=100, seed=3))
+    admin = pb.Stub(grpc.insecure_channel(servers[0].grpc))
+    admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)  # the request waits for the first push
     with SglangClient([servers[0].grpc], weight_version=100) as client:
         done = concurrent.futures.Future()
         threading.Thread(target=lambda: done.set_result(client.generate_many([request])[0]), daemon=True).start()
@@ -230,19 +233,24 @@ def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
         with pytest.raises(NoServerError):
             SglangClient(["127.0.0.1:9"], connect_timeout_s=0.5)
     assert threading.active_count() == threads
+    admin = pb.Stub(grpc.insecure_channel(servers[0].grpc))
+    admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)  # requests wait in the server
     client = SglangClient([servers[0].grpc])
     outcome = concurrent.futures.Future()
 
     def run():
         try:
-            client.generate_many([GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=120, seed=i)) for i in range(4)])
+            outcome.set_result(client.generate_many([GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=8, seed=i)) for i in range(4)]))
         except Exception as e:  # noqa: BLE001
             outcome.set_result(e)
 
     threading.Thread(target=run, daemon=True).start()
     time.sleep(0.3)
-    client.close()
-    assert isinstance(outcome.result(timeout=30), ClientClosedError)
+    try:
+        client.close()
+        assert isinstance(outcome.result(timeout=30), ClientClosedError)
+    finally:
+        admin.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=30)
     with pytest.raises(ClientClosedError):
         asyncio.run(client.generate(GenerationRequest((1,), SamplingParams(max_new_tokens=1))))
 
