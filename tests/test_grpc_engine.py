@@ -205,15 +205,18 @@ def test_pushes_during_a_long_request_do_not_lose_it(servers, checkpoints):
     tmp, _ = checkpoints
     request = GenerationRequest(_prompts(1, seed=4)[0], SamplingParams(max_new_tokens=100, seed=3))
     admin = pb.Stub(grpc.insecure_channel(servers[0].grpc))
-    admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)  # the request waits for the first push
+    admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)
     with SglangClient([servers[0].grpc], weight_version=100) as client:
         done = concurrent.futures.Future()
         threading.Thread(target=lambda: done.set_result(client.generate_many([request])[0]), daemon=True).start()
         for version in range(101, 107):  # more pushes than max_attempts
-            time.sleep(0.1)
+            # Between pushes the server stays paused, so the request can only finish after the last one.
+            admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)
+            time.sleep(0.05)  # the retry reaches the paused server and is aborted by the next push
             client.push_weights(tmp / ("m1" if version % 2 else "m0"), version)
         result = done.result(timeout=120)
         assert result.request_id == request.request_id and len(result.token_ids) == 100 and result.weight_version == 106
+        assert client.retries >= 1
 
 
 def test_a_server_whose_update_fails_leaves_the_rotation(servers, checkpoints):

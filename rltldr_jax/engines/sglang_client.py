@@ -255,6 +255,13 @@ class SglangClient:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            # Let the callers' coroutines (generate / generate_many wrappers) see ClientClosedError and finish
+            # before the loop stops; otherwise their futures would never resolve.
+            callers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if callers:
+                _, still = await asyncio.wait(callers, timeout=10)
+                for t in still:
+                    t.cancel()
             for s in self._servers:
                 if s.channel is not None:
                     await s.channel.close()
