@@ -165,6 +165,7 @@ def test_async_save_copies_before_returning(setup, tmp_path):
             leaf.delete()
         ckpt.wait_until_finished()
         r = ckpt.restore(abstract_params=nnx.split(SPEC.abstract())[1])
+    assert r.step == 1 and all(not leaf.is_deleted() for leaf in jax.tree.leaves(r.params))
     assert_trees_identical(r.params, setup["params"])
 
 

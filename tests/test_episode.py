@@ -85,8 +85,8 @@ class ReplayEngine:
         reason = "stop" if out and out[-1] in request.params.stop_token_ids else "length"
         return GenerationResult(request.request_id, tuple(out), tuple([-1.0] * len(out)), reason, self.weight_version)
 
-    def update_weights(self, params, version):  # pragma: no cover - not used
-        raise NotImplementedError
+    def update_weights(self, params, version):
+        self.weight_version = version  # a replay has no weights; only the label follows the protocol
 
 
 def test_golden_solution_in_two_steps_completes_and_verifies(builder, sapi_task):

@@ -105,6 +105,8 @@ class Collector:
 
             bar = tqdm(total=len(tasks) * self.group_size, desc=f"phase {phase}", unit="attempt", leave=False)
 
+        episode = dataclasses.replace(self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0))  # per-phase seeds
+
         def more_needed() -> bool:
             return any(n < self.group_size for n in finished.values())
 
@@ -115,8 +117,7 @@ class Collector:
                     started[task.task_id] += 1
                     index = started[task.task_id]
                     insights = self.schedule.insights_for(task.task_id)
-                    cfg = dataclasses.replace(self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0))
-                    attempt = await run_attempt(task, index, insights, env, self.engine, self.builder, cfg)
+                    attempt = await run_attempt(task, index, insights, env, self.engine, self.builder, episode)
                     self.schedule.record(task.task_id, attempt.success, attempt=index)
                     attempts.append(attempt)
                     finished[task.task_id] += 1

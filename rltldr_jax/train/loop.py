@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from rltldr_jax.agent.collector import Collector, PhaseResult, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
@@ -117,9 +119,8 @@ class Trainer:
         if kind == "jax":
             from rltldr_jax.engines import JaxEngine
 
-            engine = JaxEngine(nnx.merge(self.graphdef, self.params), max_batch=self.config.engine.max_batch,
-                               max_len=self.config.rollout.max_context_tokens, weight_version=self.version)  # fmt: skip
-            return engine
+            return JaxEngine(nnx.merge(self.graphdef, self.params), max_batch=self.config.engine.max_batch,
+                             max_len=self.config.rollout.max_context_tokens, weight_version=self.version)  # fmt: skip
         from rltldr_jax.engines import SglangClient
 
         servers = [s.strip() for s in self.config.engine.servers.split(",") if s.strip()]
@@ -264,13 +265,9 @@ class _SummaryWriter:
     `by_time/{tag}` at walltime seconds."""
 
     def __init__(self, logdir: str):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
         self._writer = EventFileWriter(logdir, flush_secs=10)
 
     def scalars(self, values: dict[str, float], env_steps: int, *, tokens: int, walltime: float) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
         now = time.time()
         for prefix, step in (("", env_steps), ("by_tokens/", tokens), ("by_time/", int(walltime))):
             summary = summary_pb2.Summary(

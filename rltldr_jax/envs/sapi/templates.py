@@ -23,6 +23,7 @@ Where the Table 5 failure types arise (see also tests/test_sapi.py):
 
 from __future__ import annotations
 
+import abc
 import random
 from typing import Any
 
@@ -66,25 +67,28 @@ def _names(c: dict) -> str:
     return f"{c['first_name']} {c['last_name']}"
 
 
-class Template:
-    """One task family. Subclasses set `name`, `apps`, `qa` and implement the four methods."""
+class Template(abc.ABC):
+    """One task family. Subclasses set `name`, `apps`, `qa` and implement the four abstract methods."""
 
     name: str = ""
     apps: tuple[str, ...] = ()
     qa: bool = False
 
+    @abc.abstractmethod
     def prepare(self, rng: random.Random, db: DB) -> dict[str, Any]:
-        raise NotImplementedError
+        """Chooses the task parameters from the seeded world (may edit `db` to plant the task's records)."""
 
+    @abc.abstractmethod
     def goal(self, p: dict[str, Any]) -> str:
-        raise NotImplementedError
+        """The instruction the agent sees."""
 
+    @abc.abstractmethod
     def body(self, p: dict[str, Any]) -> str:
         """The golden solution after the login prelude (must end with complete_task)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def check(self, v: Checker, p: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """Adds the requirement tests to `v`; returns the expected changes per table (for "no other changes")."""
 
     def answer_ok(self, answer: Any, p: dict[str, Any]) -> bool:
         return False
