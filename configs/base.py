@@ -66,6 +66,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0  # nucleus sampling (1 = off; <1 biases the importance ratios)
     c.rollout.top_k = -1  # top-k sampling (-1 = off)
     c.rollout.save_rollouts = True  # write every phase's attempts and insights to {workdir}/rollouts
+    # Not in the paper: every task gets exactly K attempts (instead of "at least K, faster tasks get more"). With
+    # workers_per_task=1 a phase is then a deterministic function of the weights and seeds (up to the engine's
+    # batching numerics), which is what the resume == uninterrupted test relies on.
+    c.rollout.exact_group_size = False
 
     # --- Insights: when they are inserted, who writes them, what they contain (§3, A.1–A.2, Table 3) ---
     c.insight = ml_collections.ConfigDict()
@@ -93,8 +97,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.insight.max_action_tokens = 4096  # insight writer's answer budget (A.1)
     c.insight.max_rollout_chars = 20000  # the failed rollout is shortened to this in the judge prompt
     c.insight.teacher = ml_collections.ConfigDict()
-    c.insight.teacher.checkpoint = ""  # HF checkpoint of the teacher (GLM 5.2 in Table 3), if served embedded
-    c.insight.teacher.servers = ""  # comma-separated host:port of generation servers hosting the teacher
+    # The teacher of insight.source=teacher (GLM 5.2 in Table 3) is frozen: it never receives weight pushes.
+    c.insight.teacher.checkpoint = ""  # HF checkpoint of the teacher: run on an embedded JaxEngine (Qwen 3.5 family)
+    c.insight.teacher.servers = ""  # or: comma-separated host:port of gRPC generation servers already hosting it
+    c.insight.teacher.tokenizer = ""  # its tokenizer.json or checkpoint dir if it differs ("" = the checkpoint's/policy's)
 
     # --- Loss: L = grpo_coef·L_GRPO + λ·L_SFT (§3.3, A.3) ----------------------------------------------
     c.loss = ml_collections.ConfigDict()
@@ -302,6 +308,18 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     if http_servers and len(http_servers) != len(servers):
         errors.append(
             f"engine.http_servers lists {len(http_servers)} URLs for {len(servers)} engine.servers; give one per server, same order"
+        )
+    if c.insight.source == "teacher" and not (c.insight.teacher.checkpoint or c.insight.teacher.servers):
+        errors.append(
+            "insight.source='teacher' needs insight.teacher.checkpoint (an HF directory, run embedded) or "
+            "insight.teacher.servers (host:port of gRPC servers hosting the teacher)"
+        )
+    if c.insight.teacher.checkpoint and c.insight.teacher.servers:
+        errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
+    if c.rollout.exact_group_size and c.rollout.workers_per_task > 1:
+        errors.append(
+            "rollout.exact_group_size=True with rollout.workers_per_task > 1: concurrent chains of one task make the "
+            "insight schedule depend on timing; use workers_per_task=1"
         )
     if c.rollout.top_k == 0 or c.rollout.top_k < -1:
         errors.append(f"rollout.top_k={c.rollout.top_k}: use -1 (off) or a positive k")

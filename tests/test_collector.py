@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, verifier_insight
@@ -37,3 +39,31 @@ def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
     save_phase(tmp_path / "phase0.jsonl", 0, result)
     lines = [json.loads(x) for x in (tmp_path / "phase0.jsonl").read_text().splitlines()]
     assert len(lines) == len(result.attempts) and all(line["judgement"]["insight"] for line in lines)
+
+
+def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
+    _, engine = tiny_policy
+    tasks = generate_tasks("train", seed=0, n=60)[2:4]
+
+    def phase():
+        collector = Collector(
+            engine, lambda: make_env("sapi", step_timeout_s=5.0), builder,
+            EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096, seed=7),
+            InsightSchedule("threshold", threshold=0.5), InsightWriter(builder.tokenizer, None, source="verifier"),
+            group_size=2, exact_group_size=True,
+        )  # fmt: skip
+        return collector.collect(tasks, phase=3).groups()
+
+    first, second = phase(), phase()
+    assert {k: len(g) for k, g in first.items()} == {t.task_id: 2 for t in tasks}
+    for task_id, group in first.items():
+        for a, b in zip(group, second[task_id], strict=True):
+            assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
+            assert [s.logprobs for s in a.steps] == [s.logprobs for s in b.steps]
+            assert a.insights == b.insights and a.verdict == b.verdict
+
+
+def test_exact_group_size_rejects_concurrent_chains(tiny_policy, builder):
+    with pytest.raises(ValueError, match="exact_group_size needs workers_per_task=1"):
+        Collector(tiny_policy[1], lambda: make_env("sapi"), builder, EpisodeConfig(), InsightSchedule("never"), None,
+                  group_size=2, workers_per_task=2, exact_group_size=True)  # fmt: skip

@@ -54,11 +54,21 @@ def test_unknown_preset():
 def test_every_ablation_resolves(name):
     ablation = ablations.ABLATIONS[name]
     assert ablation.paper
+    # A teacher-written-insight entry needs its teacher (validation says so; see test_teacher_needs_a_model).
+    extra = {"insight.teacher.servers": "localhost:50051"} if ablation.overrides.get("insight.source") == "teacher" else {}
     for env in ENVS:
         for preset in ("paper", "tiny"):
-            c = ablations.resolve(_config(env, preset), name)
+            c = ablations.resolve(_config(env, preset), name, extra)
             for key, value in ablation.overrides.items():
                 assert base.get(c, key) == value, (env, preset, key)
+
+
+def test_teacher_needs_a_model():
+    with pytest.raises(base.ConfigError, match="insight.source='teacher' needs insight.teacher.checkpoint"):
+        ablations.resolve(_config("sapi"), "teacher_thinking")
+    both = {"insight.teacher.servers": "h:1", "insight.teacher.checkpoint": "/ckpt/glm"}
+    with pytest.raises(base.ConfigError, match="not both"):
+        ablations.resolve(_config("sapi"), "teacher_thinking", both)
 
 
 def test_ablation_semantics():

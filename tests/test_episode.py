@@ -49,7 +49,7 @@ def test_random_policy_attempt_forced_think_and_engine_logprobs(tiny_policy, bui
         attempt = asyncio.run(run_attempt(sapi_task, 2, insights, env, engine, builder, cfg))
     finally:
         env.close()
-    assert attempt.end == "malformed" and not attempt.success and attempt.env_steps == 0
+    assert attempt.end == "malformed" and not attempt.success and attempt.env_steps == 1 and attempt.executed_steps == 0
     (step,) = attempt.steps
     close = (builder.tokenizer.think_end_id, *builder.tokenizer.encode("\n\n"))
     assert step.forced == (False,) * 6 + (True,) * len(close) + (False,) * 5
@@ -109,7 +109,7 @@ def test_golden_solution_in_two_steps_completes_and_verifies(builder, sapi_task)
     finally:
         env.close()
     assert attempt.end == "completed" and attempt.success, attempt.verdict.report
-    assert attempt.env_steps == 2 and [s.code for s in attempt.steps] == [first, rest]
+    assert attempt.env_steps == attempt.executed_steps == 2 and [s.code for s in attempt.steps] == [first, rest]
     assert all(not any(s.forced) for s in attempt.steps)
     # The second step's prompt holds the first step without its think trace, then its observation.
     second_prompt = builder.tokenizer.decode(engine.requests[2].prompt_ids)

@@ -6,6 +6,10 @@ while any task of the phase still has fewer than K finished attempts — so fast
 the paper's asynchronous collection (Table 4: K = 8 minimum, 21–26 on average). An attempt starting now gets the
 insights the schedule allows at that moment; after a failed attempt (or any attempt, for SGE) the insight writer
 runs and its insight joins the task's list. One task's attempts form one GRPO group.
+
+`exact_group_size=True` (not in the paper) stops each task at exactly K attempts instead: with one chain per
+task, a phase is then a deterministic function of the weights and seeds (every sampling seed already derives
+from the phase, task, attempt and step), which makes `--resume` reproduce an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Collector:
       group_size: K, the minimum number of finished attempts per task.
       workers_per_task: concurrent attempt chains per task.
       insight_after: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
+      exact_group_size: every task gets exactly `group_size` attempts (deterministic phases; see above).
       progress: show a progress bar (tqdm) of finished attempts.
     """
 
@@ -76,6 +81,7 @@ class Collector:
         group_size: int,
         workers_per_task: int = 1,
         insight_after: str = "failure",
+        exact_group_size: bool = False,
         progress: bool = False,
     ):
         if insight_after not in ("failure", "any"):
@@ -83,7 +89,9 @@ class Collector:
         self.engine, self.make_env, self.builder = engine, make_env, builder
         self.episode, self.schedule, self.writer = episode, schedule, writer
         self.group_size, self.workers_per_task = group_size, workers_per_task
-        self.insight_after, self.progress = insight_after, progress
+        if exact_group_size and workers_per_task > 1:
+            raise ValueError("exact_group_size needs workers_per_task=1 (concurrent chains of a task race for the K slots)")
+        self.insight_after, self.exact_group_size, self.progress = insight_after, exact_group_size, progress
 
     def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
         """Runs one phase (blocking)."""
@@ -107,13 +115,15 @@ class Collector:
 
         episode = dataclasses.replace(self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0))  # per-phase seeds
 
-        def more_needed() -> bool:
+        def more_needed(task_id: str) -> bool:
+            if self.exact_group_size:
+                return started[task_id] < self.group_size
             return any(n < self.group_size for n in finished.values())
 
         async def chain(task: Task) -> None:
             env = await asyncio.to_thread(self.make_env)
             try:
-                while more_needed():
+                while more_needed(task.task_id):
                     started[task.task_id] += 1
                     index = started[task.task_id]
                     insights = self.schedule.insights_for(task.task_id)

@@ -143,7 +143,14 @@ class Attempt:
 
     @property
     def env_steps(self) -> int:
-        """Environment interactions (executed code blocks)."""
+        """Environment interactions: every action the policy emitted, including a malformed last one (the
+        environment receives it and the episode ends). This is the paper's x-axis and budget unit (§3.1: an
+        episode of T actions takes T steps)."""
+        return len(self.steps)
+
+    @property
+    def executed_steps(self) -> int:
+        """Actions whose code block was executed (env_steps minus a malformed last action)."""
         return sum(s.code is not None for s in self.steps)
 
     @property
