@@ -376,6 +376,102 @@ class Checkpointer:
 # ----------------------------------------------------------------------------------------------------
 
 
+def restore_model(
+    checkpoint_dir: str | os.PathLike,
+    step: int | None = None,
+    *,
+    config: Qwen35Config | Any | None = None,
+    compute_dtype: Any = jnp.float32,
+) -> tuple[int, Any]:
+    """The model of a training checkpoint: parameters only, each array in its stored dtype, on the host CPU.
+
+    Args:
+      checkpoint_dir: a `Checkpointer` directory.
+      step: which checkpoint; None for the latest.
+      config: the architecture (Qwen35Config or ModelSpec); None uses the one recorded at save time (a given one
+        must agree with a recorded one).
+      compute_dtype: activation dtype of the returned model's forward pass.
+
+    Returns:
+      (step, Qwen35 model).
+    """
+    from rltldr_jax.models import ModelSpec
+
+    ckpt = Checkpointer(checkpoint_dir, keep=None, async_save=False, create=False)
+    try:
+        step, state, _ = ckpt.read_state(step)
+        saved = state.get("model_config")
+        if config is not None and hasattr(config, "config") and isinstance(config.config, Qwen35Config):
+            config = config.config
+        if config is None:
+            if saved is None:
+                raise ValueError(
+                    f"checkpoint step {step} in {os.fspath(checkpoint_dir)!r} records no model config; "
+                    "give the architecture (a preset or an HF config.json)"
+                )
+            config = Qwen35Config.from_hf_dict(saved)
+        elif saved is not None and Qwen35Config.from_hf_dict(saved) != config:
+            ours, theirs = config.to_hf_dict(), Qwen35Config.from_hf_dict(saved).to_hf_dict()
+            diff = ", ".join(f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k))
+            raise ValueError(f"the given model config differs from the one saved with checkpoint step {step}: {diff}")
+        graphdef, abstract = nnx.split(ModelSpec(config, dtype=compute_dtype).abstract())
+        stored = ckpt.stored_arrays(step, "params")
+        # Restore each array in its stored dtype (exact, no extra memory), on the host.
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+        def target(path, leaf):
+            name = ".".join(_key_name(k) for k in path)
+            dt = stored[name].dtype if name in stored else leaf.dtype
+            return jax.ShapeDtypeStruct(leaf.shape, dt, sharding=cpu)
+
+        abstract = jax.tree_util.tree_map_with_path(target, abstract)
+        restored = ckpt.restore(step, abstract_params=abstract)
+        return step, nnx.merge(graphdef, restored.params)
+    finally:
+        ckpt.close()
+
+
+def split_step(path: str) -> tuple[str, int | None]:
+    """`DIR[:STEP]` → (DIR, STEP or None). A trailing `:N` is a step only when N is an integer."""
+    head, sep, tail = os.fspath(path).rpartition(":")
+    if sep and head and tail.isdigit():
+        return head, int(tail)
+    return os.fspath(path), None
+
+
+def load_model(path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, param_dtype: Any = None) -> tuple[Any, str]:
+    """A model from either kind of checkpoint: an HF directory (config.json + safetensors) or a training run's
+    `Checkpointer` directory (`runs/X/checkpoints`, optionally `:STEP`; default the latest).
+
+    Args:
+      path: the directory, `DIR:STEP` for a given training checkpoint.
+      compute_dtype: activation dtype of the forward pass.
+      param_dtype: cast the parameters to this dtype (None keeps the stored ones).
+
+    Returns:
+      (Qwen35 model, a one-line description of what was loaded).
+    """
+    from rltldr_jax.models import load_pretrained
+
+    directory, step = split_step(os.fspath(path))
+    if os.path.isfile(os.path.join(directory, "config.json")):
+        if step is not None:
+            raise ValueError(f"{path!r}: an HF directory has no steps; drop the ':{step}'")
+        return load_pretrained(directory, dtype=param_dtype, compute_dtype=compute_dtype), f"HF checkpoint {directory}"
+    ckpt = Checkpointer(directory, keep=None, async_save=False, create=False) if os.path.isdir(directory) else None
+    if ckpt is None or not ckpt.all_steps():
+        raise FileNotFoundError(
+            f"{path!r} is neither an HF checkpoint directory (config.json + *.safetensors) nor a training run's "
+            "checkpoint directory with saved steps (e.g. runs/sapi-tiny/checkpoints or runs/sapi-tiny/checkpoints:3)"
+        )
+    ckpt.close()
+    step, model = restore_model(directory, step, compute_dtype=compute_dtype)
+    if param_dtype is not None:
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(param_dtype), state))
+    return model, f"training checkpoint {directory} step {step}"
+
+
 def export_hf(
     checkpoint_dir: str | os.PathLike,
     step: int | None,
@@ -396,38 +492,8 @@ def export_hf(
     Returns:
       The exported step.
     """
-    from rltldr_jax.models import ModelSpec, save_pretrained
+    from rltldr_jax.models import save_pretrained
 
-    ckpt = Checkpointer(checkpoint_dir, keep=None, async_save=False, create=False)
-    try:
-        step, state, _ = ckpt.read_state(step)
-        saved = state.get("model_config")
-        if config is not None and hasattr(config, "config") and isinstance(config.config, Qwen35Config):
-            config = config.config
-        if config is None:
-            if saved is None:
-                raise ValueError(
-                    f"checkpoint step {step} in {os.fspath(checkpoint_dir)!r} records no model config; "
-                    "give the architecture (a preset or an HF config.json)"
-                )
-            config = Qwen35Config.from_hf_dict(saved)
-        elif saved is not None and Qwen35Config.from_hf_dict(saved) != config:
-            ours, theirs = config.to_hf_dict(), Qwen35Config.from_hf_dict(saved).to_hf_dict()
-            diff = ", ".join(f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k))
-            raise ValueError(f"the given model config differs from the one saved with checkpoint step {step}: {diff}")
-        graphdef, abstract = nnx.split(ModelSpec(config).abstract())
-        stored = ckpt.stored_arrays(step, "params")
-        # Restore each array in its stored dtype (exact, no extra memory), on the host; the export casts to `dtype`.
-        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-
-        def target(path, leaf):
-            name = ".".join(_key_name(k) for k in path)
-            dt = stored[name].dtype if name in stored else leaf.dtype
-            return jax.ShapeDtypeStruct(leaf.shape, dt, sharding=cpu)
-
-        abstract = jax.tree_util.tree_map_with_path(target, abstract)
-        restored = ckpt.restore(step, abstract_params=abstract)
-        save_pretrained(nnx.merge(graphdef, restored.params), out_dir, dtype=dtype)
-        return step
-    finally:
-        ckpt.close()
+    step, model = restore_model(checkpoint_dir, step, config=config)
+    save_pretrained(model, out_dir, dtype=dtype)
+    return step

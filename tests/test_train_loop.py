@@ -1,5 +1,5 @@
 """The training loop end to end on the tiny preset: collection with insights, the update, weight push, logs,
-checkpoints, resume, and evaluation."""
+checkpoints, evaluation, and `--resume` reproducing an uninterrupted run exactly."""
 
 from __future__ import annotations
 
@@ -7,46 +7,111 @@ import glob
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import base, sapi
 from rltldr_jax.train.loop import Trainer
+
+#: Every scalar a phase and an evaluation must log (the issue's list: deconfounded metrics, entropy, clip
+#: fractions, engine-vs-trainer gap, SFT NLL and token counts, parse failures, weight-sync time).
+REQUIRED_TAGS = (
+    "rollout/pass@1/all", "rollout/pass@1/no_insight", "rollout/pass@1/insight", "rollout/pass@all/all",
+    "rollout/insight/advantage", "rollout/insight/too_easy_ratio", "rollout/insight/too_hard_ratio",
+    "rollout/counts/env_steps", "rollout/counts/tokens", "rollout/malformed_fraction",
+    "update/entropy", "update/clip_fraction", "update/first_minibatch/clip_fraction", "update/logprob_gap",
+    "update/sft_nll", "update/sft_tokens", "update/grpo_tokens", "update/grad_norm", "update/loss",
+    "insight/parse_failures", "insight/written", "time/weight_sync_s", "time/collect_s", "time/update_s",
+    "eval/pass@1/all", "eval/pass@2/all",
+)  # fmt: skip
 
 
 def _config(workdir: str, phases: int):
     c = sapi.get_config("tiny")
     base.override(c, {
         "workdir": workdir, "train.max_phases": phases, "rollout.tasks_per_phase": 1, "rollout.group_size": 2,
-        "rollout.max_steps": 2, "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1,
-        "eval.num_tasks": 1, "eval.attempts_per_task": 1,
+        "rollout.exact_group_size": True, "rollout.max_steps": 2, "rollout.max_think_tokens": 4,
+        "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 2,
+        # Keep the all-failure group (advantage 0) so that its actions reach the GRPO term: the importance ratio
+        # and clip fraction are then measured, not 0/0.
+        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
     })  # fmt: skip
     return base.validate(c)
 
 
-def test_tiny_run_updates_logs_checkpoints_and_resumes(tmp_path):
-    workdir = str(tmp_path / "run")
-    trainer = Trainer(_config(workdir, 1))
-    before = trainer.engine.weight_version
-    metrics = trainer.run_phase()
-    assert trainer.phase == 1 and trainer.engine.weight_version == before + 1 == 1
-    # A random policy fails both attempts; the second one had the rule-based insight in context, so L_SFT trained it.
-    assert metrics["rollout/counts/attempts"] >= 2 and metrics["insight/written"] >= 1
-    assert metrics["update/optimizer_steps"] >= 1 and metrics["update/sft_tokens"] > 0 and metrics["update/grad_norm"] > 0
-    evaluation = trainer.evaluate()
-    assert "eval/pass@1/all" in evaluation
-    trainer.close()
-    assert os.listdir(os.path.join(workdir, "checkpoints")) and glob.glob(os.path.join(workdir, "tb", "events.*"))
-    lines = open(os.path.join(workdir, "rollouts", "phase_00000.jsonl")).read().splitlines()
-    assert len(lines) == metrics["rollout/counts/attempts"] and json.loads(lines[-1])["insights"]
+def _host(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
+
+def _drop_times(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Two phases in one process, then an evaluation: (workdir, per-phase metrics, final params, opt state)."""
+    workdir = str(tmp_path_factory.mktemp("uninterrupted") / "run")
+    trainer = Trainer(_config(workdir, 2))
+    try:
+        metrics = [trainer.run_phase(), trainer.run_phase()]
+        metrics.append(trainer.evaluate())
+        return workdir, metrics, _host(trainer.params), _host(trainer.opt_state)
+    finally:
+        trainer.close()
+
+
+def test_tiny_run_updates_logs_and_checkpoints(uninterrupted):
+    workdir, (first, second, evaluation), _, _ = uninterrupted
+    # A random policy fails both attempts; the second had the rule-based insight in context, so L_SFT trained it.
+    assert first["rollout/counts/attempts"] == 2 and first["insight/written"] == 2
+    assert first["update/optimizer_steps"] >= 1 and first["update/sft_tokens"] > 0 and first["update/grad_norm"] > 0
+    assert first["update/grpo_tokens"] > 0 and first["filter/kept_attempts"] == 2
+    # Every action is an environment interaction (the malformed last one too): the x-axis advances.
+    assert first["rollout/counts/env_steps"] >= 2
+    # Before any update the engine's and the trainer's logprobs agree: ratio 1, nothing clipped.
+    assert first["update/first_minibatch/clip_fraction"] == 0.0
+    assert abs(first["update/first_minibatch/importance_ratio"] - 1.0) < 1e-3 and abs(first["update/first_minibatch/logprob_gap"]) < 1e-3
+    assert evaluation["eval/counts/attempts"] == 2 and evaluation["eval/insight/attempt_fraction"] == 0.0
+    checkpoints = os.path.join(workdir, "checkpoints")
+    assert sorted(os.listdir(checkpoints)) == ["1", "2"]
+    lines = open(os.path.join(workdir, "rollouts", "phase_00000.jsonl")).read().splitlines()
+    assert len(lines) == 2 and [len(json.loads(x)["insights"]) for x in lines] == [0, 1]
+
+    events = EventAccumulator(os.path.join(workdir, "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    missing = [t for t in REQUIRED_TAGS if t not in tags or f"by_tokens/{t}" not in tags or f"by_time/{t}" not in tags]
+    assert not missing, f"not logged: {missing}"
+    # The x-axis is the environment-step count: the phase-2 point sits at both phases' steps.
+    steps = [e.step for e in events.Scalars("update/sft_nll")]
+    total = first["rollout/counts/env_steps"] + second["rollout/counts/env_steps"]
+    assert steps == [first["rollout/counts/env_steps"], total]
+    assert [e.value for e in events.Scalars("update/sft_nll")] == pytest.approx([first["update/sft_nll"], second["update/sft_nll"]])
+
+
+def test_resume_continues_exactly(uninterrupted, tmp_path):
+    """Stop after phase 1, resume in a new Trainer, run phase 2: same rollouts, metrics, parameters, optimizer state."""
+    ref_dir, (_, ref_second, _), ref_params, ref_opt = uninterrupted
+    workdir = str(tmp_path / "run")
+    stopped = Trainer(_config(workdir, 1))
+    try:
+        stopped.run_phase()
+    finally:
+        stopped.close()
     resumed = Trainer(_config(workdir, 2), resume=True)
     try:
-        assert resumed.phase == 1 and resumed.version == 1 and resumed.tasks.state() == trainer.tasks.state()
-        assert resumed.engine.weight_version == 1
-        resumed.run_phase()
-        assert resumed.phase == 2
+        assert resumed.phase == 1 and resumed.version == 1 and resumed.engine.weight_version == 1
+        second = resumed.run_phase()
+        params, opt = _host(resumed.params), _host(resumed.opt_state)
     finally:
         resumed.close()
+    rollouts = [open(os.path.join(d, "rollouts", "phase_00001.jsonl")).read() for d in (ref_dir, workdir)]
+    assert rollouts[0] == rollouts[1]
+    np.testing.assert_equal(_drop_times(second), _drop_times(ref_second))  # NaN == NaN (e.g. no-insight Pass@2)
+    for a, b in zip(params + opt, ref_params + ref_opt, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_paper_preset_without_weights_fails_fast(tmp_path):

@@ -24,19 +24,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from rltldr_jax.agent.collector import Collector, PhaseResult, save_phase
+from rltldr_jax import sharding
+from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.engines.factory import policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks, make_env
-from rltldr_jax.metrics import AttemptRecord, summarize
+from rltldr_jax.metrics import summarize
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
 from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
 from rltldr_jax.train.batching import pack, phase_examples
+from rltldr_jax.train.evaluation import attempt_records, evaluate
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
@@ -44,13 +48,6 @@ log = logging.getLogger(__name__)
 
 def workdir_of(config: Any) -> str:
     return config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}")
-
-
-def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
-    return [
-        AttemptRecord(a.task.task_id, a.index, a.success, bool(a.insights), a.env_steps, a.generated_tokens)
-        for a in result.attempts
-    ]
 
 
 class Trainer:
@@ -85,9 +82,28 @@ class Trainer:
         self.graphdef, self.params = nnx.split(model)
         o = config.optim
         self.tx = make_optimizer(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
-        self.opt_state = self.tx.init(self.params)
+        # Parameters and optimizer state live on the (data, fsdp, tensor) mesh of config.mesh; the step is jitted
+        # with those shardings (ZeRO-3 over fsdp, tensor parallel over tensor, the batch over data × fsdp).
+        m = config.mesh
+        self.mesh = sharding.make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if config.batch.micro_batch_size % dp:
+            raise ValueError(
+                f"batch.micro_batch_size={config.batch.micro_batch_size} is not divisible by the {dp} data-parallel "
+                f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
+            )
+        p_sh = sharding.param_shardings(self.params, self.mesh)
+        self.params = jax.device_put(self.params, p_sh)
+        o_sh = sharding.optimizer_shardings(self.tx, jax.eval_shape(self.tx.init, self.params), p_sh, self.mesh)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=o_sh)(self.params)
+        self._shardings = (p_sh, o_sh)
         self.loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps)
-        self._step = jax.jit(lambda p, s, b: train_step(self.graphdef, p, s, b, tx=self.tx, loss_cfg=self.loss_cfg), donate_argnums=(0, 1))
+        b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
+        self._step = jax.jit(
+            lambda p, s, b: train_step(self.graphdef, p, s, b, tx=self.tx, loss_cfg=self.loss_cfg),
+            in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
+            donate_argnums=(0, 1),
+        )  # fmt: skip
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
         self.phase = 0
@@ -98,13 +114,17 @@ class Trainer:
         self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
         if resume and self.checkpoints.latest_step() is not None:
             self._restore()
-        self.engine = self._make_engine()
+        self.engine = policy_engine(config, nnx.merge(self.graphdef, self.params), workdir=self.workdir, version=self.version)
+        self.teacher, teacher_tokenizer = (None, None) if config.insight.schedule == "never" else teacher_engine(config)
         self.schedule = InsightSchedule.from_config(config)
-        writer = None if config.insight.schedule == "never" else InsightWriter.from_config(config, self.tokenizer, self.engine)
+        writer = None
+        if config.insight.schedule != "never":
+            writer = InsightWriter.from_config(config, self.tokenizer, self.engine, self.teacher, teacher_tokenizer)
+        self.progress = progress
         self.collector = Collector(
             self.engine, self._make_env, self.builder, EpisodeConfig.from_config(config), self.schedule, writer,
             group_size=config.rollout.group_size, workers_per_task=config.rollout.workers_per_task,
-            insight_after=config.insight.after, progress=progress,
+            insight_after=config.insight.after, exact_group_size=config.rollout.exact_group_size, progress=progress,
         )  # fmt: skip
         self.summary = _SummaryWriter(os.path.join(self.workdir, "tb"))
 
@@ -113,30 +133,6 @@ class Trainer:
     def _make_env(self):
         e = self.config.env
         return make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
-
-    def _make_engine(self):
-        kind = self.config.engine.kind
-        if kind == "jax":
-            from rltldr_jax.engines import JaxEngine
-
-            return JaxEngine(nnx.merge(self.graphdef, self.params), max_batch=self.config.engine.max_batch,
-                             max_len=self.config.rollout.max_context_tokens, weight_version=self.version)  # fmt: skip
-        from rltldr_jax.engines import SglangClient
-
-        servers = [s.strip() for s in self.config.engine.servers.split(",") if s.strip()]
-        if not servers:
-            raise ValueError(
-                f"engine.kind={kind} needs engine.servers=host:port,...; start them with "
-                + ("launch/serve_sglang.py (CUDA GPUs)" if kind == "sglang" else "launch/serve.py")
-            )
-        http = [s.strip() for s in self.config.engine.http_servers.split(",") if s.strip()] or None
-        if kind == "sglang" and not http:
-            raise ValueError("engine.kind=sglang needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes")
-        return SglangClient(
-            servers, http_urls=http, weight_update="http" if kind == "sglang" else "grpc", graphdef=self.graphdef,
-            weight_dir=self.config.engine.weight_sync_dir or os.path.join(self.workdir, "weights"),
-            request_timeout_s=self.config.engine.request_timeout_s or None, weight_version=self.version,
-        )  # fmt: skip
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -204,31 +200,28 @@ class Trainer:
         if not examples:
             return {"optimizer_steps": 0.0}
         sums: dict[str, float] = {}
+        first: dict[str, float] = {}
         n = 0
         order_rng = np.random.default_rng([self.config.seed, self.phase])
         for _ in range(b.ppo_epochs):
             shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
             for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
                               pad_to_multiple=b.pad_to_multiple, max_len=self.config.rollout.max_context_tokens):  # fmt: skip
-                self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+                with sharding.activate(self.mesh):
+                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
+                if n == 0:  # before any update: the ratio is 1 up to the engine-vs-trainer mismatch
+                    first = {f"first_minibatch/{k}": float(metrics[k]) for k in ("clip_fraction", "importance_ratio", "logprob_gap")}
                 n += 1
-        return {**{k: v / n for k, v in sums.items()}, "optimizer_steps": float(n)}
+        return {**{k: v / n for k, v in sums.items()}, **first, "optimizer_steps": float(n)}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out tasks, `eval.attempts_per_task` attempts each, no insights; macro Pass@1 and Pass@K."""
-        c = self.config
-        tasks = load_tasks(c.env.name, c.env.eval_split, seed=c.env.seed)
-        if c.eval.num_tasks:
-            tasks = TaskSource(tasks, seed=c.seed).take(min(c.eval.num_tasks, len(tasks)))
-        collector = Collector(
-            self.engine, self._make_env, self.builder, EpisodeConfig.from_config(c), InsightSchedule("never"), None,
-            group_size=c.eval.attempts_per_task, workers_per_task=c.rollout.workers_per_task,
-        )  # fmt: skip
-        result = collector.collect(tasks, phase=-1 - self.phase)
-        metrics = {f"eval/{k}": v for k, v in summarize(attempt_records(result), c.eval.attempts_per_task).items()}
+        """Held-out tasks, `eval.attempts_per_task` attempts each, no insights: macro Pass@1 and Pass@K
+        (train/evaluation.py), logged at the current environment-step count."""
+        metrics, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress)
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        log.info("eval after phase %d: %s", self.phase, json.dumps({k: round(v, 4) for k, v in metrics.items() if np.isfinite(v)}))
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -242,8 +235,9 @@ class Trainer:
                               model_config=self.model_config)  # fmt: skip
 
     def _restore(self) -> None:
-        abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
-        abstract_opt = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.opt_state)
+        p_sh, o_sh = self._shardings  # restore straight into the mesh layout
+        abstract_params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.params, p_sh)
+        abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.opt_state, o_sh)
         restored = self.checkpoints.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
         self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
         meta = restored.meta
@@ -254,9 +248,10 @@ class Trainer:
     def close(self) -> None:
         self.checkpoints.wait_until_finished()
         self.summary.close()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        for engine in (self.engine, self.teacher):
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
 
 
 class _SummaryWriter:
