@@ -23,6 +23,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations, base  # noqa: E402
+from launch.common import parse_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
@@ -31,31 +32,6 @@ _ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of 
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the workdir.")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with clear errors: an unknown `--config.KEY` or a bad value names the flag and the fix."""
-    for arg in argv[1:]:
-        if arg.startswith(("--config.", "--noconfig.")):
-            key = arg.split("=", 1)[0].removeprefix("--no").removeprefix("--").removeprefix("config.")
-            try:
-                base.get(base.get_config(), key)  # every preset has the keys of base.get_config()
-            except base.ConfigError as e:
-                sys.exit(f"error: {e} (from {arg!r}); every key is documented in configs/base.py")
-        elif arg.startswith("--config="):
-            path = arg.removeprefix("--config=").split(":", 1)[0]
-            if not os.path.isfile(path):
-                sys.exit(f"error: no config file {path!r}; use one of configs/sapi.py, configs/appworld.py, configs/leetcode.py")
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        # config_flags re-raises a config file's exception with a traceback in its text: report the original.
-        cause, original = e.__cause__ or e.__context__, None
-        while cause is not None:
-            if isinstance(cause, base.ConfigError):
-                original = cause
-            cause = cause.__cause__ or cause.__context__
-        sys.exit(f"error: {original if original is not None else e}")
 
 
 def main(argv: list[str]) -> None:

@@ -119,3 +119,20 @@ def test_paper_preset_without_weights_fails_fast(tmp_path):
     base.override(c, {"workdir": str(tmp_path)})
     with pytest.raises(ValueError, match=r"needs model.checkpoint.*Qwen/Qwen3.5-9B"):
         Trainer(base.validate(c))
+
+
+def test_eval_script_repeats_the_trainers_evaluation(uninterrupted, tmp_path):
+    """launch/eval.py on training checkpoint 2 reproduces the trainer's evaluation after phase 2 and writes a JSON."""
+    import importlib.util
+
+    workdir, (_, _, evaluation), _, _ = uninterrupted
+    spec = importlib.util.spec_from_file_location("eval_script", os.path.join(os.path.dirname(__file__), "..", "launch", "eval.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = str(tmp_path / "eval.json")
+    report = script.run(_config(workdir, 2), os.path.join(workdir, "checkpoints") + ":2", out)
+    saved = json.load(open(out))
+    assert saved["policy"].endswith("step 2") and saved["attempts_per_task"] == 2
+    assert [len(v) for v in saved["per_task"].values()] == [2]
+    np.testing.assert_equal(report["metrics"], evaluation)  # same weights, same seeds: same tokens, same results
+    assert saved["metrics"]["eval/counts/tokens"] == evaluation["eval/counts/tokens"] > 0

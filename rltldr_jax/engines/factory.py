@@ -56,7 +56,7 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
     """(engine, tokenizer) of the frozen insight teacher, or (None, None) unless `insight.source="teacher"`.
 
     `insight.teacher.checkpoint`: an HF directory run on an embedded JaxEngine (a Qwen 3.5-family model; its
-    tokenizer comes from the same directory unless `insight.teacher.tokenizer` says otherwise).
+    tokenizer is `insight.teacher.tokenizer`, else the directory's tokenizer.json, else the policy's).
     `insight.teacher.servers`: gRPC servers already serving the teacher (any model SGLang serves; it must speak
     ChatML, the judge prompt's format); tokenizer from `insight.teacher.tokenizer`, else the policy's.
     """
@@ -83,6 +83,9 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
 
     dtype = getattr(jnp, config.model.dtype)
     model = load_pretrained(t.checkpoint, dtype=getattr(jnp, config.model.param_dtype), compute_dtype=dtype)
-    tokenizer = load_tokenizer(t.tokenizer or t.checkpoint)
+    if t.tokenizer or os.path.isfile(os.path.join(t.checkpoint, "tokenizer.json")):
+        tokenizer = load_tokenizer(t.tokenizer or t.checkpoint)
+    else:
+        tokenizer = None  # the policy's
     # The same context limit as the policy's engine, which serves the judge prompts when source="policy".
     return JaxEngine(model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens), tokenizer
