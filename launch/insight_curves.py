@@ -7,7 +7,7 @@
         --modes=latest,sequential --task_ids=hard_tasks.txt --out=/tmp/curves
 
 The config flags are those of launch/train.py (`--config=FILE[:PRESET]`, `--ablation=NAME`, `--config.KEY=VALUE`,
-`--dry_run`, `--list_ablations`): rollout budgets and sampling, the insight writer (`insight.source`, content,
+`--dry_run`; parsed by launch/common.py): rollout budgets and sampling, the insight writer (`insight.source`, content,
 budgets; `insight.max_insights` is n_fb of the sequential mode) and the engine (`engine.kind`; with grpc/sglang
 the servers must already serve the `--checkpoint` weights). `--checkpoint` is an HF directory or a run's
 checkpoint directory `DIR[:STEP]` (default `model.checkpoint`; random weights for the tiny preset).
@@ -20,7 +20,6 @@ sequential ~57 %, latest ~38 %, i.i.d. ~6 % on Pass@128 ~ 0 tasks (Fig. 11); ~66
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -31,18 +30,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations, base  # noqa: E402
+from launch.common import parse_flags  # noqa: E402
 
-
-def _load_train_launcher():
-    """launch/train.py as a module: its config flags (--config, --ablation, --dry_run, ...) and parse_flags."""
-    spec = importlib.util.spec_from_file_location("_rltldr_launch_train", os.path.join(REPO_ROOT, "launch", "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_TRAIN = _load_train_launcher()
-
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
+)
+_ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of configs/ablations.py.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint)."
 )
@@ -90,17 +84,11 @@ def _policy(config, checkpoint: str | None):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --max_k=8")
-    if _TRAIN._LIST.value:
-        print(ablations.describe())
-        return
-    if _TRAIN._RESUME.value:
-        sys.exit("error: --resume does not apply: the curves are measured on a frozen policy (use --checkpoint)")
     try:
-        config = ablations.resolve(_TRAIN._CONFIG.value, _TRAIN._ABLATION.value,
-                                   config_flags.get_override_values(flags.FLAGS["config"]))
+        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
-    if _TRAIN._DRY_RUN.value:
+    if _DRY_RUN.value:
         print(config)
         return
 
@@ -160,4 +148,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_TRAIN.parse_flags)
+    app.run(main, flags_parser=parse_flags)
