@@ -85,6 +85,7 @@ def grpo_loss(
     advantages: Array,
     action_mask: Array,
     clip_eps: float = 0.2,
+    detach_ratio: Array | None = None,
 ) -> GRPOTerms:
     """PPO-clip surrogate of GRPO, summed over action tokens (token-level aggregation, no KL).
 
@@ -94,6 +95,9 @@ def grpo_loss(
       advantages: [B] per-rollout advantages (broadcast over tokens) or [B, T] per-token.
       action_mask: [B, T] bool/0-1, the tokens sampled in the example's step.
       clip_eps: ε of the clip.
+      detach_ratio: optional [B] bool: rows trained without an importance ratio (RLTF-SD's advantage-weighted
+        likelihood): their old logprobs are the current ones, detached, so the ratio is 1 (never clipped) and the
+        gradient is −A·∇log π_θ.
 
     Returns:
       `GRPOTerms` of scalar sums; the loss contribution is `loss_sum / global_count`.
@@ -102,6 +106,8 @@ def grpo_loss(
     advantages = jnp.asarray(advantages, jnp.float32)
     if advantages.ndim == 1:
         advantages = advantages[:, None]
+    if detach_ratio is not None:
+        old_logprobs = jnp.where(jnp.asarray(detach_ratio, bool)[:, None], jax.lax.stop_gradient(logprobs), old_logprobs)
     ratio = jnp.exp(logprobs.astype(jnp.float32) - jax.lax.stop_gradient(old_logprobs).astype(jnp.float32))
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
@@ -140,8 +146,11 @@ def rltldr_loss(
     grpo_count: Array | float | None = None,
     sft_count: Array | float | None = None,
     grpo_coef: float = 1.0,
+    judge: SFTTerms | None = None,
+    judge_coef: float = 0.0,
+    judge_count: Array | float | None = None,
 ) -> Array:
-    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count.
+    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ judge_coef · judge_sum / judge_count].
 
     The counts are those of the *whole update batch* (all micro-batches and devices). They are known from the
     masks before any forward pass, so each micro-batch can be scaled by them and the summed gradients are
@@ -152,13 +161,18 @@ def rltldr_loss(
       lam: λ, the insight internalisation strength (0.5 in the paper).
       grpo_count, sft_count: global token counts of the two terms.
       grpo_coef: weight of the GRPO term (1 in the paper; 0 for the "no GRPO, only L_SFT" row of Table 2).
+      judge, judge_coef, judge_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the
+        insight tokens in the insight writer's own context), its weight and global count.
 
     Returns:
       A scalar float32 loss.
     """
     g = grpo.count if grpo_count is None else grpo_count
     s = sft.count if sft_count is None else sft_count
-    return grpo_coef * safe_divide(grpo.loss_sum, g) + lam * safe_divide(sft.loss_sum, s)
+    loss = grpo_coef * safe_divide(grpo.loss_sum, g) + lam * safe_divide(sft.loss_sum, s)
+    if judge is not None:
+        loss = loss + judge_coef * safe_divide(judge.loss_sum, judge.count if judge_count is None else judge_count)
+    return loss
 
 
 # ----------------------------------------------------------------------------------------------------

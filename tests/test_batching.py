@@ -76,3 +76,68 @@ def test_split_advantages_makes_separate_groups(builder):
     # unconditioned group {1: success} has zero advantage and is dropped; conditioned {2, 3, 4} = [1, 0, 0] − 1/3
     assert stats.zero_advantage_groups == 1 and [e.attempt for e in examples] == [2, 3, 4]
     np.testing.assert_allclose([e.advantage for e in examples], [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
+
+
+def _conditioned_phase(tok):
+    a = Task("t/a", "Do A.", "sapi", "train")
+    hint = Insight("Remember to paginate.", attempt=1)
+    attempts = [_attempt(tok, a, 1, False, steps=1), _attempt(tok, a, 2, True, steps=1),
+                _attempt(tok, a, 3, True, [hint], steps=1), _attempt(tok, a, 4, False, [hint], steps=2)]  # fmt: skip
+    return attempts, hint
+
+
+def test_off_policy_removes_insights_and_keeps_sft_as_prefix_examples(builder):
+    tok = builder.tokenizer
+    attempts, hint = _conditioned_phase(tok)
+    examples, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="off_policy")
+    steps = [e for e in examples if e.step >= 0]
+    prefixes = [e for e in examples if e.step == -1]
+    assert [e.attempt for e in steps] == [1, 2, 3, 4, 4]
+    assert not any(e.insight_mask.any() for e in steps) and not any(hint.text in tok.decode(e.ids) for e in steps)
+    # The sampled tokens and their (with-insight) old logprobs are unchanged: the ratio is π(y|task)/π_old(y|task+f).
+    in_context, _ = phase_examples(attempts, builder, positive_ratio=0.0)
+    for off, on in zip(steps, in_context, strict=True):
+        np.testing.assert_array_equal(off.old_logprobs[off.action_mask], on.old_logprobs[on.action_mask])
+        assert off.advantage == on.advantage and not off.detach_ratio
+    # One SFT-only example (task + insights) per step of each conditioned attempt: 1 + 2.
+    assert [e.attempt for e in prefixes] == [3, 4, 4]
+    assert all(tok.decode(e.ids[e.insight_mask]) == hint.text and not e.action_mask.any() for e in prefixes)
+    no_sft, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="off_policy", sft_prefix=False)
+    assert all(e.step >= 0 for e in no_sft)
+
+
+def test_self_distill_uses_the_no_insight_baseline_without_ratio(builder):
+    tok = builder.tokenizer
+    attempts, hint = _conditioned_phase(tok)
+    examples, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="self_distill")
+    # RLTF-SD: baseline = mean reward of the attempts without insights (1 and 2: 0.5), for every attempt.
+    assert [(e.attempt, e.advantage, e.detach_ratio) for e in examples] == [
+        (1, -0.5, False), (2, 0.5, False), (3, 0.5, True), (4, -0.5, True), (4, -0.5, True)]  # fmt: skip
+    assert not any(e.insight_mask.any() or hint.text in tok.decode(e.ids) for e in examples)
+    (batch,) = pack(examples, micro_batch_size=5, grad_accum_steps=1, pad_to_multiple=16)
+    assert np.asarray(batch.detach_ratio).tolist() == [[False, False, True, True, True]]
+
+
+def test_judge_sft_examples_target_the_insight_in_the_judge_context(builder):
+    from rltldr_jax.agent.insight import Judgement
+
+    tok = builder.tokenizer
+    attempts, hint = _conditioned_phase(tok)
+    judge_prompt = tuple(builder.build("Judge this failed attempt.").ids.tolist())  # ends with an open <think>
+    judgements = [("t/a", 1, Judgement(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=judge_prompt)),
+                  ("t/a", 4, Judgement("Check the totals.", {}, None, 0, 0, prompt_ids=judge_prompt))]  # fmt: skip
+    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="all")
+    judge = [e for e in examples if e.judge_mask is not None]
+    assert stats.judge_examples == 2 == len(judge)
+    first = judge[0]
+    assert tok.decode(first.ids[first.judge_mask]) == hint.text
+    assert tok.decode(first.ids).endswith("Judge this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
+                                          "Remember to paginate.<|im_end|>")
+    assert not first.action_mask.any() and not first.insight_mask.any()
+    # Self-play insight SFT keeps an insight only if the next attempt succeeded with it in context: attempt 2
+    # succeeded without the hint written after attempt 1, and attempt 4 has no successor, so nothing is kept.
+    _, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="next_success")
+    assert stats.judge_examples == 0
+    judgements.append(("t/a", 2, Judgement(hint.text, {}, None, 0, 0, prompt_ids=judge_prompt)))  # 3 succeeded with it
+    _, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="next_success")
+    assert stats.judge_examples == 1

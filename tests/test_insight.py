@@ -188,6 +188,35 @@ def test_verifier_source_on_collateral_damage_and_appworld_traces():
     assert verifier_insight(aw.report) == "Make sure that the total was computed."  # AppWorld traces can hold ground truth
 
 
+def test_verifier_source_writes_every_content_variant_by_rule(tokenizer):
+    """The rule-based judge fills summary / feedback / hint, so every Table 3 content variant (and SGE's summaries,
+    also of successes) runs with an untrained model; the judge prompt is recorded for the judge-SFT ablations."""
+    report = (
+        ">> Failed Requirement\nassert the playlist is playing\n----------\nAssertionError: got None\n"
+        ">> Failed Requirement\nassert the playlist lasts 45 minutes\n"
+    )
+    task = Task("t", "Start a playlist.", "sapi", "train")
+    steps = (("```python\nprint(apis.music.search_songs(query='run'))\n```", "[]"), ("I give up.", ""))
+    failed = FailedAttempt(task, steps, report, attempt=2)
+    expected_summary = "Attempt 2 took 2 steps and called apis.music.search_songs; the verifier rejected it."
+    expected_feedback = ("The verifier found 2 failed requirements: assert the playlist is playing; assert the playlist "
+                         "lasts 45 minutes.")  # fmt: skip
+    hint = verifier_insight(report)
+    texts = {
+        "hint": hint, "feedback": expected_feedback, "summary_feedback": f"{expected_summary}\n\n{expected_feedback}",
+        "summary_feedback_code": f"{expected_summary}\n\n{expected_feedback}", "strategy": expected_summary,
+    }  # fmt: skip
+    for content, text in texts.items():
+        writer = InsightWriter(tokenizer, None, source="verifier", content=content)
+        judgement = asyncio.run(writer.write(failed))
+        assert judgement.insight == text and judgement.parse_error is None, content
+        assert judgement.prompt_ids == writer.prompt_ids(failed) and judgement.completion_tokens == 0
+    succeeded = dataclasses.replace(failed, success=True, report="")
+    sge = asyncio.run(InsightWriter(tokenizer, None, source="verifier", content="strategy").write(succeeded))
+    assert sge.insight == "Attempt 2 took 2 steps and called apis.music.search_songs; the verifier accepted it."
+    assert asyncio.run(InsightWriter(tokenizer, None, source="verifier").write(succeeded)).insight is None
+
+
 def _lc_report(statuses, details=(), setup_error=None):
     marker = lc.new_marker()
     payload = {"n": len(statuses), "statuses": statuses, "details": list(details), "setup_error": setup_error}
@@ -309,7 +338,5 @@ def test_from_config_and_argument_checks(tokenizer):
     assert (writer.max_think_tokens, writer.max_action_tokens, writer.max_observation_chars) == (4096, 4096, 4000)
     with pytest.raises(ValueError, match="teacher engine"):
         InsightWriter(tokenizer, object(), source="teacher")
-    with pytest.raises(ValueError, match="hints only"):
-        InsightWriter(tokenizer, None, source="verifier", content="feedback")
     with pytest.raises(ValueError, match="unknown insight content"):
         InsightWriter(tokenizer, object(), content="corrected")

@@ -67,6 +67,20 @@ def test_grpo_old_logprobs_get_no_gradient():
     np.testing.assert_array_equal(grad, 0.0)
 
 
+def test_detached_rows_train_without_ratio():
+    # RLTF-SD rows: ratio 1 whatever the old logprobs (never clipped), gradient −A per token; other rows as PPO.
+    old = jnp.array([[0.0, 0.0], [-5.0, -5.0]])
+    logprobs = jnp.array([[_log(1.5), _log(1.5)], [_log(1.5), _log(1.5)]])
+    adv = jnp.array([1.0, 2.0])
+    detach = jnp.array([False, True])
+    terms = grpo_loss(logprobs, old, adv, jnp.ones((2, 2)), clip_eps=0.2, detach_ratio=detach)
+    # Row 0: clipped at 1.2 → −2.4; row 1: ratio 1 → −2 per token → −4.
+    np.testing.assert_allclose(terms.loss_sum, -6.4, rtol=1e-6)
+    assert float(terms.clipped) == 2 and float(terms.ratio_sum) == pytest.approx(1.5 * 2 + 2)
+    grad = jax.grad(lambda lp: grpo_loss(lp, old, adv, jnp.ones((2, 2)), detach_ratio=detach).loss_sum)(logprobs)
+    np.testing.assert_allclose(grad, [[0.0, 0.0], [-2.0, -2.0]], rtol=1e-6)
+
+
 def test_insight_sft_loss():
     terms = insight_sft_loss(jnp.array([[-1.0, -2.0, -3.0], [-0.5, -0.25, -4.0]]), jnp.array([[0, 1, 1], [1, 0, 0]]))
     np.testing.assert_allclose(terms.loss_sum, 5.5)
@@ -81,6 +95,10 @@ def test_rltldr_loss_combines_normalized_terms():
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_coef=0.0), 1.25, rtol=1e-6)
     # Global denominators replace the micro-batch's own counts.
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_count=14, sft_count=10), 6 / 14 + 0.5 * 5 / 10, rtol=1e-6)
+    # The judge-SFT term of Table 8 (RLTF-FM) adds with its own weight and global count.
+    judge = SFTTerms(jnp.float32(3.0), jnp.float32(4.0))
+    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, judge=judge, judge_coef=0.5), 6 / 7 + 1.25 + 0.5 * 3 / 4, rtol=1e-6)
+    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, judge=judge, judge_coef=0.5, judge_count=6), 6 / 7 + 1.25 + 0.25, rtol=1e-6)
     # A batch without insight tokens: the SFT term is 0, not NaN.
     no_sft = SFTTerms(jnp.float32(0.0), jnp.float32(0.0))
     np.testing.assert_allclose(rltldr_loss(grpo, no_sft, lam=0.5), 6 / 7, rtol=1e-6)

@@ -12,8 +12,10 @@ Variants (configs/base.py `insight.*`, Table 3):
 - content: `hint` (default) | `feedback` (diagnostic paragraph) | `summary_feedback` | `summary_feedback_code`
   (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only).
 - source: `policy` (the current policy engine) | `teacher` (another GenerationEngine, e.g. GLM 5.2 served
-  separately) | `verifier` (no model: the first failed requirement of the report turned into a "Make sure that
-  …" sentence by rule; lets untrained tiny models exercise insertion and the SFT mask).
+  separately) | `verifier` (no model: the judge's fields by rule — hint: the first failed requirement as a
+  "Make sure that …" sentence; feedback: every failed requirement; summary: the steps taken, the APIs called and
+  the outcome; no corrected step — so untrained tiny models exercise insertion, the SFT mask and every content
+  variant).
 - thinking on/off, and `with_report=False` (the judge does not see the failed tests).
 
 Generation is two-phase like the episodes: the think part up to `</think>` within the think budget; if the
@@ -37,9 +39,19 @@ from rltldr_jax.engines.engine import (
     SamplingParams,
 )
 from rltldr_jax.envs.base import Task
-from rltldr_jax.tokenization import ContextBuilder, Tokenizer
+from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Tokenizer
 
 SOURCES = ("policy", "teacher", "verifier")
+
+#: The message before an SGE summary (content="strategy"): a neutral header (summaries of successes are inserted
+#: too) and the prompt to try something else (§4.1: "prepending summaries of previous failed or successful
+#: attempts ... and prompting the model to try something else"; the exact wording is not published).
+SGE_SCAFFOLD = "==> Summary of a previous Attempt {n} on this same task. <==\nTry a different strategy than this one: "
+
+
+def insight_scaffold(content: str) -> str:
+    """The text before each inserted insight (`ContextBuilder(insight_scaffold=...)`) for a content variant."""
+    return SGE_SCAFFOLD if content == "strategy" else INSIGHT_SCAFFOLD
 CONTENTS = ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy")
 JUDGE_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
 
@@ -481,6 +493,31 @@ def _leetcode_failure(lines: list[str]) -> str | None:
     return None
 
 
+_API_CALL = re.compile(r"\bapis\.(\w+)\.(\w+)\s*\(")
+_ANY_FENCE = re.compile(r"```")
+
+
+def verifier_fields(failed: FailedAttempt) -> dict[str, Any]:
+    """The judge's JSON fields written by rule (source="verifier"): hint, feedback, summary; no corrected step."""
+    n = len(failed.steps)
+    calls = list(dict.fromkeys(f"apis.{a}.{f}" for action, _ in failed.steps for a, f in _API_CALL.findall(action)))
+    with_code = sum(bool(_ANY_FENCE.search(action)) for action, _ in failed.steps)
+    did = f"called {', '.join(calls[:6])}{' and more' if len(calls) > 6 else ''}" if calls else (
+        "ran code without calling any API" if with_code else "wrote no code block")
+    outcome = "the verifier accepted it" if failed.success else "the verifier rejected it"
+    summary = f"Attempt {failed.attempt} took {n} step{'s' if n != 1 else ''} and {did}; {outcome}."
+    failures = [line.strip(" -─=>") for line in failed.report.splitlines() if _ASSERT.match(line.strip(" -─=>"))]
+    if failed.success:
+        feedback = "Every requirement passed."
+    elif failures:
+        feedback = f"The verifier found {len(failures)} failed requirement{'s' if len(failures) != 1 else ''}: " + "; ".join(
+            _clip(f) for f in failures[:5]) + ("; …" if len(failures) > 5 else "") + "."
+    else:
+        feedback = verifier_insight(failed.report)
+    hint = "" if failed.success else verifier_insight(failed.report)
+    return {"summary": summary, "feedback": feedback, "wrong_step_id": 0, "corrected_step": "", "hint": hint}
+
+
 def verifier_insight(report: str) -> str:
     """A one-sentence insight from the verifier's report by rule (no model): its first failed requirement.
 
@@ -510,9 +547,9 @@ class Judgement:
 
     Attributes:
       insight: the text to insert (per `content`), or None (parse failure, empty hint, successful attempt).
-      fields: the judge's JSON fields (keys lower-cased); {"hint": …} for the verifier source.
+      fields: the judge's JSON fields (keys lower-cased); `verifier_fields` for the verifier source.
       parse_error: why there is no insight, or None.
-      prompt_tokens: length of the judge prompt in tokens (0 for the verifier source).
+      prompt_tokens: length of the judge prompt the model read (0 for the verifier source, where no model runs).
       completion_tokens: tokens the judge sampled (think + answer; forced tokens not counted).
       think_tokens, action_tokens: the sampled tokens of each phase (each within its budget).
       text: the decoded reply (think block included).
@@ -583,8 +620,6 @@ class InsightWriter:
             raise ValueError("insight.source='teacher' needs a teacher engine (config insight.teacher.*)")
         if source == "policy" and engine is None:
             raise ValueError("insight.source='policy' needs the policy's engine")
-        if source == "verifier" and content != "hint":
-            raise ValueError(f"the rule-based verifier source writes hints only, not {content!r}")
         if max_action_tokens < 1 or max_think_tokens < 0:
             raise ValueError(f"budgets must be max_think_tokens >= 0 and max_action_tokens >= 1, got "
                              f"{max_think_tokens}, {max_action_tokens}")
@@ -643,10 +678,13 @@ class InsightWriter:
         `seed` makes the judge's sampling reproducible (the answer phase uses seed + 1).
         """
         if self.source == "verifier":
-            if failed.success:
-                return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0)
-            hint = verifier_insight(failed.report)
-            return Judgement(hint, {"hint": hint}, None, 0, 0)
+            # No model runs; the judge context is still recorded (the judge-SFT ablations of Table 8 train on it).
+            prompt = self.prompt_ids(failed)
+            if failed.success and self.content != "strategy":
+                return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0, prompt_ids=prompt)
+            fields = verifier_fields(failed)
+            insight, error = insight_from_fields(fields, self.content)
+            return Judgement(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer
         prompt = self.prompt_ids(failed)
         ids: list[int] = []

@@ -31,7 +31,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from rltldr_jax import sharding
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.engines.factory import policy_engine, teacher_engine
@@ -66,7 +66,8 @@ class Trainer:
         dtype = getattr(jnp, config.model.dtype)
         param_dtype = getattr(jnp, config.model.param_dtype)
         self.tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
-        self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking)
+        self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking,
+                                      insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
         if not config.model.checkpoint and config.model.preset != "tiny":
             raise ValueError(
                 f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
@@ -97,7 +98,8 @@ class Trainer:
         o_sh = sharding.optimizer_shardings(self.tx, jax.eval_shape(self.tx.init, self.params), p_sh, self.mesh)
         self.opt_state = jax.jit(self.tx.init, out_shardings=o_sh)(self.params)
         self._shardings = (p_sh, o_sh)
-        self.loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps)
+        self.loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps,
+                                   judge_coef=config.loss.judge_sft_coef)  # fmt: skip
         b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
         self._step = jax.jit(
             lambda p, s, b: train_step(self.graphdef, p, s, b, tx=self.tx, loss_cfg=self.loss_cfg),
@@ -163,7 +165,9 @@ class Trainer:
         examples, stats = phase_examples(
             result.attempts, self.builder, std_normalize=c.loss.std_normalize, filter_zero_advantage=c.loss.filter_zero_advantage,
             positive_ratio=c.loss.positive_ratio, split_advantages=c.loss.split_advantages,
-            keep_sft_only=c.loss.grpo_coef == 0 or c.loss.sft_on_filtered, seed=c.seed + self.phase,
+            keep_sft_only=c.loss.grpo_coef == 0 or c.loss.sft_on_filtered, insight_rollouts=c.loss.insight_rollouts,
+            sft_prefix=c.loss.lam > 0, judgements=result.judgements,
+            judge_sft=c.loss.judge_sft_filter if c.loss.judge_sft_coef > 0 else None, seed=c.seed + self.phase,
         )  # fmt: skip
         t0 = time.time()
         update = self._update(examples)
@@ -185,6 +189,7 @@ class Trainer:
             "filter/kept_attempts": float(stats.kept_attempts),
             "filter/zero_advantage_groups": float(stats.zero_advantage_groups),
             "filter/examples": float(stats.examples),
+            "filter/judge_examples": float(stats.judge_examples),
             "time/collect_s": collect_s, "time/update_s": update_s, "time/weight_sync_s": sync_s,
             "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),
         }  # fmt: skip

@@ -27,7 +27,11 @@ class TrainBatch:
     old_logprobs: [A, M, T] float32 logprobs of the sampled tokens under the sampling policy.
     advantages: [A, M] float32 per-example advantage.
     action_mask: [A, M, T] bool, GRPO targets (tokens sampled in the example's step).
-    insight_mask: [A, M, T] bool, SFT targets (insight sentences).
+    insight_mask: [A, M, T] bool, SFT targets (insight sentences; for the offline SFT baselines, whatever the
+      baseline trains on).
+    judge_mask: [A, M, T] bool, insight-generator SFT targets (the insight in the judge's context, Table 8);
+      None = none.
+    detach_ratio: [A, M] bool, examples trained without an importance ratio (RLTF-SD); None = none.
     """
 
     ids: jax.Array
@@ -35,6 +39,8 @@ class TrainBatch:
     advantages: jax.Array
     action_mask: jax.Array
     insight_mask: jax.Array
+    judge_mask: jax.Array | None = None
+    detach_ratio: jax.Array | None = None
 
 
 @struct.dataclass
@@ -44,6 +50,7 @@ class LossConfig:
     lam: float = struct.field(pytree_node=False, default=0.5)
     grpo_coef: float = struct.field(pytree_node=False, default=1.0)
     clip_eps: float = struct.field(pytree_node=False, default=0.2)
+    judge_coef: float = struct.field(pytree_node=False, default=0.0)
     logprob_chunk: int = struct.field(pytree_node=False, default=1024)
 
 
@@ -57,20 +64,25 @@ def make_optimizer(
 
 
 #: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
-AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "entropy_sum", "trainer_logprob_sum", "sampler_logprob_sum")
+AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "judge_sum", "entropy_sum", "trainer_logprob_sum",
+            "sampler_logprob_sum")  # fmt: skip
 
 
-def _micro_loss(params, graphdef, mb: dict[str, jax.Array], grpo_count, sft_count, loss_cfg: LossConfig):
+def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Array, ...], loss_cfg: LossConfig):
+    grpo_count, sft_count, judge_count = counts
     model = nnx.merge(graphdef, params)
     lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk)
-    grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps)
+    grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
     sft = insight_sft_loss(lp, mb["insight_mask"])
-    loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef)
+    judge = insight_sft_loss(lp, mb["judge_mask"])
+    loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef,
+                       judge=judge, judge_coef=loss_cfg.judge_coef, judge_count=judge_count)  # fmt: skip
     aux = {
         "grpo_sum": grpo.loss_sum,
         "clipped": grpo.clipped,
         "ratio_sum": grpo.ratio_sum,
         "sft_sum": sft.loss_sum,
+        "judge_sum": judge.loss_sum,
         "entropy_sum": jnp.sum(entropy * mb["action_mask"]),
         "trainer_logprob_sum": jnp.sum(lp * mb["action_mask"]),
         "sampler_logprob_sum": jnp.sum(mb["old_logprobs"] * mb["action_mask"]),
@@ -93,20 +105,24 @@ def train_step(
       (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
       entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap.
     """
+    judge_mask = jnp.zeros_like(batch.insight_mask) if batch.judge_mask is None else batch.judge_mask
+    detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
     grpo_count = jnp.sum(batch.action_mask).astype(jnp.float32)
     sft_count = jnp.sum(batch.insight_mask).astype(jnp.float32)
+    judge_count = jnp.sum(judge_mask).astype(jnp.float32)
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (l, a), g = grad_fn(params, graphdef, mb, grpo_count, sft_count, loss_cfg)
+        (l, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, judge_count), loss_cfg)
         return (jax.tree.map(jnp.add, grads, g), loss + l, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     aux0 = {k: jnp.float32(0) for k in AUX_KEYS}
     micro = {
         "ids": batch.ids, "old_logprobs": batch.old_logprobs, "advantages": batch.advantages,
-        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask,
+        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask, "judge_mask": judge_mask,
+        "detach_ratio": detach,
     }  # fmt: skip
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
@@ -116,6 +132,7 @@ def train_step(
         "loss": loss,
         "grpo_loss": safe_divide(aux["grpo_sum"], grpo_count),
         "sft_nll": safe_divide(aux["sft_sum"], sft_count),
+        "judge_sft_nll": safe_divide(aux["judge_sum"], judge_count),
         "clip_fraction": safe_divide(aux["clipped"], grpo_count),
         "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
         "entropy": safe_divide(aux["entropy_sum"], grpo_count),
@@ -123,5 +140,7 @@ def train_step(
         "grad_norm": optax.tree.norm(grads),
         "grpo_tokens": grpo_count,
         "sft_tokens": sft_count,
+        "judge_sft_tokens": judge_count,
+        "detached_examples": jnp.sum(detach & (jnp.sum(batch.action_mask, -1) > 0)).astype(jnp.float32),
     }
     return params, opt_state, metrics
