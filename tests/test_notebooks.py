@@ -1,0 +1,150 @@
+"""The colab/ notebooks: clean nbformat-4 files that match their generator, and every notebook run top to bottom
+(in a fresh Python process each, in order, sharing one run directory) in test mode, checked on what they write."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLAB = os.path.join(REPO_ROOT, "colab")
+NOTEBOOKS = ("01_replicate_small.ipynb", "02_delta_theta.ipynb", "03_insights.ipynb")
+# The compilation cache of tests/conftest.py: the notebooks' tiny shapes compile once per machine.
+XLA_CACHE = os.environ.get("RLTLDR_TEST_XLA_CACHE", os.path.join(REPO_ROOT, ".pytest_cache", "xla"))
+
+# Runs one notebook as Jupyter would, without Jupyter: its code cells in order, in one namespace, from the
+# notebook's directory. A failing cell stops the run, naming the cell and printing its source.
+RUNNER = r"""
+import json, os, sys, traceback
+path = sys.argv[1]
+with open(path, encoding="utf-8") as f:
+    cells = json.load(f)["cells"]
+namespace = {"__name__": "__main__"}
+for index, cell in enumerate(cells):
+    if cell["cell_type"] != "code":
+        continue
+    source = "".join(cell["source"])
+    print(f"=== {os.path.basename(path)} cell {index}", flush=True)
+    try:
+        exec(compile(source, f"<{os.path.basename(path)} cell {index}>", "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        print(f"\nFAILED: {os.path.basename(path)} cell {index}:\n{source}", file=sys.stderr, flush=True)
+        sys.exit(1)
+print(f"=== {os.path.basename(path)}: all cells ran", flush=True)
+"""
+
+
+def _load(name: str) -> dict:
+    with open(os.path.join(COLAB, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _csv(path: str) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_notebooks_are_clean_and_generated():
+    """Valid nbformat 4 JSON, no stored outputs or execution counts, no `!`/`%` lines, and the files are exactly
+    what colab/build_notebooks.py writes (so the generator is the reviewed source)."""
+    for name in NOTEBOOKS:
+        nb = _load(name)
+        assert nb["nbformat"] == 4 and isinstance(nb["nbformat_minor"], int) and isinstance(nb["metadata"], dict), name
+        assert nb["metadata"]["kernelspec"]["language"] == "python"
+        ids = [c.get("id") for c in nb["cells"]]
+        assert len(set(ids)) == len(ids), f"{name}: duplicate cell ids"
+        for i, cell in enumerate(nb["cells"]):
+            assert cell["cell_type"] in ("markdown", "code"), (name, i)
+            assert isinstance(cell["metadata"], dict) and isinstance(cell["source"], list), (name, i)
+            assert all(isinstance(line, str) for line in cell["source"]), (name, i)
+            if cell["cell_type"] != "code":
+                continue
+            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{name} cell {i} has stored outputs"
+            source = "".join(cell["source"])
+            compile(source, f"{name} cell {i}", "exec")  # plain Python
+            magics = [line for line in source.splitlines() if line.lstrip().startswith(("!", "%"))]
+            assert not magics, f"{name} cell {i}: shell/magic lines {magics}"
+        try:
+            import nbformat
+        except ImportError:
+            pass
+        else:
+            nbformat.validate(nbformat.reads(json.dumps(nb), as_version=4))
+    generator = subprocess.run([sys.executable, os.path.join(COLAB, "build_notebooks.py"), "--check"],
+                               capture_output=True, text=True)  # fmt: skip
+    assert generator.returncode == 0, generator.stderr
+
+
+def test_notebooks_run_top_to_bottom(tmp_path):
+    """Notebook 1 trains the tiny run and evaluates it, notebook 2 measures Δθ and exports to HF, notebook 3
+    analyses the rollouts and measures the insight curves; all in test mode, on one run directory."""
+    workdir = tmp_path / "run"
+    env = {
+        **os.environ,
+        "RLTLDR_NOTEBOOK_TEST": "1",
+        "RLTLDR_NOTEBOOK_WORKDIR": str(workdir),
+        "MPLBACKEND": "Agg",
+        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
+    seconds = {}
+    for name in NOTEBOOKS:
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-c", RUNNER, os.path.join(COLAB, name)], cwd=COLAB, env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        seconds[name] = round(time.time() - t0)
+        if proc.returncode != 0:
+            pytest.fail(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}")
+    print(f"notebook seconds: {seconds}")
+
+    # Notebook 1: checkpoints 0 (before training), 1, 2; TensorBoard; rollouts; the curves; the eval JSON.
+    assert sorted(os.listdir(workdir / "checkpoints"), key=int) == ["0", "1", "2"]
+    assert os.listdir(workdir / "tb")
+    assert sorted(os.listdir(workdir / "rollouts")) == ["phase_00000.jsonl", "phase_00001.jsonl"]
+    assert (workdir / "figures" / "training_curves.png").stat().st_size > 0
+    report = json.loads((workdir / "eval" / "eval_final.json").read_text())
+    assert report["policy"].endswith("step 2") and report["attempts_per_task"] == 2
+    assert [len(v) for v in report["per_task"].values()] == [2]
+    assert report["metrics"]["eval/counts/attempts"] == 2 and report["metrics"]["eval/counts/tokens"] > 0
+
+    # Notebook 2: Δθ is zero for a checkpoint against itself and for the float32 HF export, nonzero between
+    # phases; the bf16 export changes entries but never beyond bf16 precision.
+    out = workdir / "delta_theta"
+    kinds = {"all", "attention", "deltanet", "mlp", "embeddings", "norms"}
+    same = _csv(out / "delta_theta_same.csv")
+    assert {r["kind"] for r in same} == kinds and all(float(r["l1"]) == 0 and float(r["changed"]) == 0 for r in same)
+    for a, b in ((0, 2), (0, 1), (1, 2)):
+        rows = {r["kind"]: r for r in _csv(out / f"delta_theta_{a}_{b}.csv")}
+        assert set(rows) == kinds and float(rows["all"]["l1"]) > 0 and float(rows["all"]["l2"]) > 0, (a, b)
+        assert int(rows["all"]["entries"]) == sum(int(rows[k]["entries"]) for k in kinds - {"all"})
+    fp32 = _csv(out / "orbax_vs_hf_float32.csv")
+    assert all(float(r["l1"]) == 0 for r in fp32)
+    bf16 = {r["kind"]: r for r in _csv(out / "orbax_vs_hf_bfloat16.csv")}
+    assert float(bf16["all"]["changed"]) > 0 and float(bf16["all"]["exceed_bf16"]) == 0
+    assert (out / "delta_theta_kinds.png").stat().st_size > 0
+    assert sorted(os.listdir(workdir / "hf" / "step2_float32")) == ["config.json", "model.safetensors"]
+
+    # Notebook 3: the analyses' CSVs (the rule-based insights were classified) and the insight curves.
+    analysis = workdir / "analysis"
+    saved = [json.loads(line) for p in sorted((workdir / "rollouts").iterdir()) for line in p.read_text().splitlines()]
+    written = [r["judgement"]["insight"] for r in saved if (r.get("judgement") or {}).get("insight")]
+    assert len(saved) == 4 and len(written) == 4  # a random policy fails every attempt; each gets an insight
+    assert sum(int(r["count"]) for r in _csv(analysis / "categories.csv")) == len(written)
+    assert sorted(r["insight"] for r in _csv(analysis / "categories_insights.csv")) == sorted(written)
+    for name in ("evolution.csv", "revisits.csv", "reliance.csv", "revisits.png", "evolution.png", "reliance.png"):
+        assert (analysis / name).stat().st_size > 0, name
+    curves = _csv(workdir / "insight_curves" / "insight_curves.csv")
+    assert [(r["mode"], r["k"]) for r in curves] == [(m, k) for m in ("iid", "latest", "sequential") for k in ("1", "2")]
+    insights_at_2 = {r["mode"]: float(r["mean_insights"]) for r in curves if r["k"] == "2"}
+    assert insights_at_2 == {"iid": 0.0, "latest": 1.0, "sequential": 1.0}  # a random policy fails attempt 1
+    attempts = _csv(workdir / "insight_curves" / "insight_curves_attempts.csv")
+    assert len(attempts) == 6
