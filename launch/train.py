@@ -47,6 +47,9 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         print(config)
         return
+    if config.mode == "sft":
+        sys.exit(f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
+                 "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>")  # fmt: skip
     import logging
 
     from rltldr_jax.train.loop import Trainer

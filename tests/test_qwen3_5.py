@@ -188,6 +188,25 @@ def test_sequence_logprobs_and_entropy(ours, ids, full_logits):
     np.testing.assert_allclose(np.asarray(ent)[:, 1:], -(np.exp(logp) * logp).sum(-1)[:, :-1], atol=1e-4)
 
 
+def test_sequence_logprobs_skips_chunks_without_needed_positions(ours, ids):
+    """Chunks without a needed position are skipped: needed positions keep their exact values and gradients."""
+    needed = np.zeros(ids.shape, bool)
+    needed[:, 70:75] = True  # only the second of three 64-position chunks
+    lp_all, ent_all = sequence_logprobs(ours, ids, chunk=64)
+    lp, ent = sequence_logprobs(ours, ids, chunk=64, needed=jnp.asarray(needed))
+    np.testing.assert_allclose(np.asarray(lp)[needed], np.asarray(lp_all)[needed], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ent)[needed], np.asarray(ent_all)[needed], rtol=1e-6, atol=1e-6)
+    assert np.all(np.asarray(lp)[:, :64] == 0) and np.all(np.asarray(lp)[:, 129:] == 0)  # skipped chunks read 0
+    graphdef, state = nnx.split(ours)
+
+    def loss(s, need):
+        return jnp.sum(sequence_logprobs(nnx.merge(graphdef, s), ids, chunk=64, needed=need)[0] * needed)
+
+    g_all, g_skip = jax.grad(loss)(state, None), jax.grad(loss)(state, jnp.asarray(needed))
+    for a, b in zip(jax.tree.leaves(g_all), jax.tree.leaves(g_skip), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+
+
 def test_remat_gives_the_same_gradients(hf_checkpoint, ids):
     x = ids[:, :48]
 

@@ -682,7 +682,8 @@ class InsightWriter:
             prompt = self.prompt_ids(failed)
             if failed.success and self.content != "strategy":
                 return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0, prompt_ids=prompt)
-            fields = verifier_fields(failed)
+            # Without the failed-test information (Table 3), the rule has no report to read: generic sentences.
+            fields = verifier_fields(failed if self.with_report else dataclasses.replace(failed, report=""))
             insight, error = insight_from_fields(fields, self.content)
             return Judgement(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer

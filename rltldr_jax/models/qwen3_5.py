@@ -512,13 +512,18 @@ class Qwen35(nnx.Module):
         h, new_state = self.hidden_states(ids, positions=positions, state=state, valid=valid)
         return self.logits(h) if state is None else (self.logits(h), new_state)
 
-    def token_logprobs(self, h: Array, targets: Array, *, chunk: int = 1024) -> tuple[Array, Array]:
+    def token_logprobs(
+        self, h: Array, targets: Array, *, chunk: int = 1024, needed: Array | None = None
+    ) -> tuple[Array, Array]:
         """log π(targets) and the entropy of π at each position, without materialising [B, T, V] logits.
 
         Args:
           h: [B, T, d] hidden states (position t predicts token t+1).
           targets: [B, T] ids whose log-probabilities are wanted at each position.
           chunk: positions per step; peak memory is [B, chunk, V] float32.
+          needed: optional [B, T] bool, the positions whose values are used: a chunk without any is skipped (its
+            outputs are 0). The vocabulary projection dominates small models and long contexts, and training needs
+            it only at loss targets (the current step's action, the insights), often a few percent of the tokens.
 
         Returns:
           (logprobs [B, T] float32, entropy [B, T] float32).
@@ -528,18 +533,29 @@ class Qwen35(nnx.Module):
         pad = n * chunk - t
         hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
         tp = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+        need = jnp.ones((n,), bool) if needed is None else jnp.pad(needed, ((0, 0), (0, pad))).reshape(b, n, chunk).any(axis=(0, 2))
+
+        def compute(hc, tc):
+            logits = self.logits(hc)  # [B, c, V] fp32
+            # One exp over the vocabulary serves both the normaliser and the entropy (it dominates the cost).
+            shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+            e = jnp.exp(logits - shift)
+            z = jnp.sum(e, axis=-1)
+            logz = shift[..., 0] + jnp.log(z)
+            picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+            entropy = logz - jnp.sum(e * logits, axis=-1) / z
+            return picked - logz, entropy
+
+        def skip(hc, tc):
+            zero = jnp.zeros(tc.shape, jnp.float32) + 0.0 * jnp.sum(hc, axis=-1).astype(jnp.float32)
+            return zero, zero
 
         @jax.checkpoint
         def one(xs):
-            hc, tc = xs
-            logits = self.logits(hc)  # [B, c, V] fp32
-            logz = jax.nn.logsumexp(logits, axis=-1)
-            picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-            probs = jnp.exp(logits - logz[..., None])
-            entropy = logz - jnp.sum(probs * logits, axis=-1)
-            return picked - logz, entropy
+            hc, tc, nc = xs
+            return jax.lax.cond(nc, compute, skip, hc, tc)
 
-        lp, ent = jax.lax.map(one, (hp, tp))
+        lp, ent = jax.lax.map(one, (hp, tp, need))
         unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]  # noqa: E731
         return unchunk(lp), unchunk(ent)
 
@@ -577,18 +593,20 @@ def unroll(model: Qwen35) -> Qwen35:
     return nnx.merge(graphdef, unroll_state(nnx.state(model)))
 
 
-def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024) -> tuple[Array, Array]:
+def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None) -> tuple[Array, Array]:
     """Teacher-forced log π(ids[t] | ids[:t]) for every position (0 at t = 0), and the entropy there.
 
     Aligned with `tokenization.Context` masks: `logprobs[b, t]` is the logprob of token t.
 
     Args:
       ids: [B, T] int token ids.
+      needed: optional [B, T] bool (aligned like the outputs): only chunks holding a needed token compute the
+        vocabulary projection; the other positions read 0 (`Qwen35.token_logprobs`).
     Returns:
       (logprobs [B, T], entropy [B, T]) float32; entropy[b, t] is that of the distribution over token t.
     """
     h, _ = model.hidden_states(ids)
-    lp, ent = model.token_logprobs(h[:, :-1], ids[:, 1:], chunk=chunk)
+    lp, ent = model.token_logprobs(h[:, :-1], ids[:, 1:], chunk=chunk, needed=None if needed is None else needed[:, 1:])
     return jnp.pad(lp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
 
 

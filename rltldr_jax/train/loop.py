@@ -21,14 +21,10 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from rltldr_jax import sharding
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
@@ -37,11 +33,11 @@ from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.engines.factory import policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks, make_env
 from rltldr_jax.metrics import summarize
-from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
 from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
 from rltldr_jax.train.batching import pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, evaluate
-from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
+from rltldr_jax.train.setup import ShardedUpdate, build_policy
+from rltldr_jax.train.step import LossConfig, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -63,49 +59,16 @@ class Trainer:
         self.config = config
         self.workdir = workdir_of(config)
         os.makedirs(self.workdir, exist_ok=True)
-        dtype = getattr(jnp, config.model.dtype)
-        param_dtype = getattr(jnp, config.model.param_dtype)
         self.tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
         self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking,
                                       insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
-        if not config.model.checkpoint and config.model.preset != "tiny":
-            raise ValueError(
-                f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
-                "(e.g. `huggingface-cli download Qwen/Qwen3.5-9B --local-dir /ckpt/qwen3_5_9b` on a machine with "
-                "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); only the tiny preset starts from random weights"
-            )
-        if config.model.checkpoint:
-            model = load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat)
-        else:
-            spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
-            model = spec.build(seed=config.seed)
+        model = build_policy(config)
         self.model_config = model.config
-        self.graphdef, self.params = nnx.split(model)
         o = config.optim
-        self.tx = make_optimizer(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
-        # Parameters and optimizer state live on the (data, fsdp, tensor) mesh of config.mesh; the step is jitted
-        # with those shardings (ZeRO-3 over fsdp, tensor parallel over tensor, the batch over data × fsdp).
-        m = config.mesh
-        self.mesh = sharding.make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
-        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if config.batch.micro_batch_size % dp:
-            raise ValueError(
-                f"batch.micro_batch_size={config.batch.micro_batch_size} is not divisible by the {dp} data-parallel "
-                f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
-            )
-        p_sh = sharding.param_shardings(self.params, self.mesh)
-        self.params = jax.device_put(self.params, p_sh)
-        o_sh = sharding.optimizer_shardings(self.tx, jax.eval_shape(self.tx.init, self.params), p_sh, self.mesh)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=o_sh)(self.params)
-        self._shardings = (p_sh, o_sh)
-        self.loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps,
-                                   judge_coef=config.loss.judge_sft_coef)  # fmt: skip
-        b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
-        self._step = jax.jit(
-            lambda p, s, b: train_step(self.graphdef, p, s, b, tx=self.tx, loss_cfg=self.loss_cfg),
-            in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
-            donate_argnums=(0, 1),
-        )  # fmt: skip
+        tx = make_optimizer(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+        loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps,
+                              judge_coef=config.loss.judge_sft_coef)  # fmt: skip
+        self.update = ShardedUpdate(config, model, tx, loss_cfg)
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
         self.phase = 0
@@ -116,7 +79,7 @@ class Trainer:
         self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
         if resume and self.checkpoints.latest_step() is not None:
             self._restore()
-        self.engine = policy_engine(config, nnx.merge(self.graphdef, self.params), workdir=self.workdir, version=self.version)
+        self.engine = policy_engine(config, self.update.model(), workdir=self.workdir, version=self.version)
         self.teacher, teacher_tokenizer = (None, None) if config.insight.schedule == "never" else teacher_engine(config)
         self.schedule = InsightSchedule.from_config(config)
         writer = None
@@ -129,6 +92,15 @@ class Trainer:
             insight_after=config.insight.after, exact_group_size=config.rollout.exact_group_size, progress=progress,
         )  # fmt: skip
         self.summary = _SummaryWriter(os.path.join(self.workdir, "tb"))
+
+    @property
+    def params(self) -> Any:
+        """The policy's parameters (an nnx.State on the mesh)."""
+        return self.update.params
+
+    @property
+    def opt_state(self) -> Any:
+        return self.update.opt_state
 
     # -- parts ------------------------------------------------------------------------------------------------
 
@@ -174,7 +146,7 @@ class Trainer:
         update_s = time.time() - t0
         t0 = time.time()
         self.version = self.phase + 1
-        self.engine.update_weights(nnx.merge(self.graphdef, self.params), self.version)
+        self.engine.update_weights(self.update.model(), self.version)
         sync_s = time.time() - t0
         records = attempt_records(result)
         self.env_steps += result.env_steps
@@ -212,8 +184,7 @@ class Trainer:
             shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
             for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
                               pad_to_multiple=b.pad_to_multiple, max_len=self.config.rollout.max_context_tokens):  # fmt: skip
-                with sharding.activate(self.mesh):
-                    self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+                metrics = self.update.step(batch)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 if n == 0:  # before any update: the ratio is 1 up to the engine-vs-trainer mismatch
@@ -236,15 +207,13 @@ class Trainer:
             "phase": self.phase, "env_steps": self.env_steps, "tokens": self.tokens, "version": self.version,
             "task_cursor": self.tasks.state(), "config": self.config.to_dict(),
         }  # fmt: skip
-        self.checkpoints.save(self.phase, params=self.params, opt_state=self.opt_state, rng=self.rng, meta=meta,
+        self.checkpoints.save(self.phase, params=self.update.params, opt_state=self.update.opt_state, rng=self.rng, meta=meta,
                               model_config=self.model_config)  # fmt: skip
 
     def _restore(self) -> None:
-        p_sh, o_sh = self._shardings  # restore straight into the mesh layout
-        abstract_params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.params, p_sh)
-        abstract_opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.opt_state, o_sh)
+        abstract_params, abstract_opt = self.update.abstract()  # restore straight into the mesh layout
         restored = self.checkpoints.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
-        self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
+        self.update.params, self.update.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
         meta = restored.meta
         self.phase, self.env_steps, self.tokens, self.version = meta["phase"], meta["env_steps"], meta["tokens"], meta["version"]
         self.tasks.restore(meta["task_cursor"])

@@ -51,7 +51,8 @@ class LossConfig:
     grpo_coef: float = struct.field(pytree_node=False, default=1.0)
     clip_eps: float = struct.field(pytree_node=False, default=0.2)
     judge_coef: float = struct.field(pytree_node=False, default=0.0)
-    logprob_chunk: int = struct.field(pytree_node=False, default=1024)
+    # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
+    logprob_chunk: int = struct.field(pytree_node=False, default=128)
 
 
 def make_optimizer(
@@ -71,7 +72,8 @@ AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "judge_sum", "entropy
 def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Array, ...], loss_cfg: LossConfig):
     grpo_count, sft_count, judge_count = counts
     model = nnx.merge(graphdef, params)
-    lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk)
+    needed = mb["action_mask"] | mb["insight_mask"] | mb["judge_mask"]
+    lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed)
     grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
     sft = insight_sft_loss(lp, mb["insight_mask"])
     judge = insight_sft_loss(lp, mb["judge_mask"])

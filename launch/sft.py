@@ -1,0 +1,67 @@
+"""Offline SFT baselines of Table 2 from the saved rollouts of an RLTL;DR run.
+
+    python launch/sft.py --config=configs/sapi.py --ablation=sft_rollouts_all --config.sft.rollouts_dir=runs/sapi-rltldr
+    python launch/sft.py --config=configs/sapi.py:tiny --ablation=sftldr_dedup --config.sft.rollouts_dir=runs/sapi-tiny
+    python launch/sft.py --list_ablations                                        # the mode="sft" rows
+
+The ablation sets `mode="sft"` and `sft.data` / `sft.num_rollouts` / `sft.deduplicate`; `sft.rollouts_dir` points at
+the RLTL;DR run whose `rollouts/phase_*.jsonl` are the data (train it first with launch/train.py; rollouts are saved
+by default). Checkpoints, event files and the evaluation go to the config's workdir (rltldr_jax/train/sft.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
+
+from configs import ablations, base  # noqa: E402
+from launch.common import parse_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
+)
+_ABLATION = flags.DEFINE_string("ablation", None, "An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
+_LIST = flags.DEFINE_bool("list_ablations", False, "List the offline SFT ablations and exit.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --ablation=sftldr")
+    if _LIST.value:
+        print("\n".join(line for line in ablations.describe().splitlines()
+                        if ablations.ABLATIONS[line.split()[0]].overrides.get("mode") == "sft"))  # fmt: skip
+        return
+    try:
+        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
+    except base.ConfigError as e:
+        sys.exit(f"error: {e}")
+    if config.mode != "sft":
+        sys.exit("error: launch/sft.py runs the offline SFT rows (mode='sft'): pass --ablation=sft_rollouts_all, "
+                 "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py")  # fmt: skip
+    if _DRY_RUN.value:
+        print(config)
+        return
+    import logging
+
+    from rltldr_jax.train.sft import run_sft
+
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    logging.getLogger("rltldr_jax").setLevel(logging.INFO)
+    try:
+        metrics = run_sft(config, progress=sys.stderr.isatty())
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    k = config.eval.attempts_per_task
+    print(f"sft ({config.sft.data}): final nll {metrics['sft/nll']:.4f}; eval macro Pass@1 {metrics['eval/pass@1/all']:.4f}, "
+          f"Pass@{k} {metrics[f'eval/pass@{k}/all']:.4f}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,87 @@
+"""What the RL trainer and the offline SFT trainer share: the policy from a config, and the sharded update.
+
+    model = build_policy(config)                                   # HF weights, or the tiny preset's random ones
+    update = ShardedUpdate(config, model, tx, loss_cfg)            # params + optimizer state on config.mesh
+    update.params, update.opt_state, metrics = update.step(update.params, update.opt_state, batch)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rltldr_jax import sharding
+from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
+
+
+def build_policy(config: Any) -> Any:
+    """The Qwen35 policy of `config.model`: `model.checkpoint`'s weights, or random ones for the tiny preset only
+    (a paper-size preset without weights fails here, saying where to get them)."""
+    dtype = getattr(jnp, config.model.dtype)
+    param_dtype = getattr(jnp, config.model.param_dtype)
+    if not config.model.checkpoint and config.model.preset != "tiny":
+        raise ValueError(
+            f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
+            "(e.g. `huggingface-cli download Qwen/Qwen3.5-9B --local-dir /ckpt/qwen3_5_9b` on a machine with "
+            "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); only the tiny preset starts from random weights"
+        )
+    if config.model.checkpoint:
+        return load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat)
+    spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
+    return spec.build(seed=config.seed)
+
+
+class ShardedUpdate:
+    """Parameters and optimizer state on the (data, fsdp, tensor) mesh of `config.mesh`, and `train_step` jitted
+    with those shardings (ZeRO-3 over fsdp, tensor parallel over tensor, the batch rows over data × fsdp).
+
+    Attributes:
+      mesh, graphdef, params, opt_state, tx, loss_cfg; `shardings` = (params, optimizer state).
+    """
+
+    def __init__(self, config: Any, model: Any, tx: optax.GradientTransformation, loss_cfg: LossConfig):
+        m = config.mesh
+        self.mesh = sharding.make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if config.batch.micro_batch_size % dp:
+            raise ValueError(
+                f"batch.micro_batch_size={config.batch.micro_batch_size} is not divisible by the {dp} data-parallel "
+                f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
+            )
+        self.tx, self.loss_cfg = tx, loss_cfg
+        self.graphdef, params = nnx.split(model)
+        p_sh = sharding.param_shardings(params, self.mesh)
+        self.params = jax.device_put(params, p_sh)
+        o_sh = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, self.params), p_sh, self.mesh)
+        self.opt_state = jax.jit(tx.init, out_shardings=o_sh)(self.params)
+        self.shardings = (p_sh, o_sh)
+        b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
+        graphdef = self.graphdef
+        self._step = jax.jit(
+            lambda p, s, b: train_step(graphdef, p, s, b, tx=tx, loss_cfg=loss_cfg),
+            in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
+            donate_argnums=(0, 1),
+        )  # fmt: skip
+
+    def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
+        """One optimizer step on `batch` (updates `params` and `opt_state` in place); returns its metrics."""
+        with sharding.activate(self.mesh):
+            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+        return metrics
+
+    def abstract(self) -> tuple[Any, Any]:
+        """Restore targets (ShapeDtypeStructs with the mesh shardings) of the params and the optimizer state."""
+        p_sh, o_sh = self.shardings
+        params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.params, p_sh)
+        opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.opt_state, o_sh)
+        return params, opt
+
+    def model(self) -> Any:
+        """The current policy as a module (shares the arrays)."""
+        return nnx.merge(self.graphdef, self.params)

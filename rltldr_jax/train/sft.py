@@ -1,0 +1,158 @@
+"""Offline SFT baselines of Table 2, from the saved rollouts of an RLTL;DR run (`config.mode = "sft"`).
+
+    python launch/sft.py --config=configs/sapi.py --ablation=sft_rollouts_1k --config.sft.rollouts_dir=runs/sapi-rltldr
+
+`sft.data`:
+- `rollouts`: SFT on successful full rollouts (all of them, or a seeded sample of `sft.num_rollouts`): every step
+  of a successful attempt is one example whose target is the step's sampled tokens (think + action, forced tokens
+  excluded), with the attempt's insights in context but not trained on (§5.1: "insights in context, not trained").
+- `insights`: SFTL;DR, π(f_1..f_I | task): for every insight-conditioned attempt, the task and its insights, the
+  target being the insight sentences (what L_SFT trains inside RLTL;DR, here without GRPO and without the rollout).
+  With `sft.deduplicate`, each unique (task, insight) pair is one example with that insight alone.
+Training: `sft.epochs` passes (10 in §5.1), AdamW at `sft.learning_rate`, mean token NLL (the trainer's SFT term with
+λ = 1 and no GRPO term), the same sharded step as RL. Then a checkpoint (`{workdir}/checkpoints`, step = epochs) and
+the held-out evaluation. TensorBoard: `sft/nll` per epoch at the optimizer-step count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rltldr_jax.agent.episode import task_text
+from rltldr_jax.analysis.rollouts import RolloutRecord, load_rollouts
+from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.engines.factory import policy_engine
+from rltldr_jax.envs import make_env
+from rltldr_jax.tokenization import ContextBuilder, Insight, load_tokenizer
+from rltldr_jax.train.batching import Example, attempt_examples, pack
+from rltldr_jax.train.evaluation import evaluate
+from rltldr_jax.train.setup import ShardedUpdate, build_policy
+from rltldr_jax.train.step import LossConfig, make_optimizer
+
+log = logging.getLogger(__name__)
+
+SFT_DATA = ("rollouts", "insights")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    """The examples of an offline SFT run and what they came from."""
+
+    examples: list[Example]
+    attempts: int  # attempts the examples were built from
+    target_tokens: int
+
+
+def _as_target(e: Example) -> Example:
+    """The step's sampled tokens become the SFT target; the insights stay in context untrained."""
+    return dataclasses.replace(e, insight_mask=e.action_mask.copy(), action_mask=np.zeros_like(e.action_mask), advantage=0.0)
+
+
+def sft_examples(
+    records: Sequence[RolloutRecord], builder: ContextBuilder, *, data: str, num_rollouts: int = 0, deduplicate: bool = False,
+    seed: int = 0,
+) -> SFTData:
+    """The Table 2 training set from saved rollouts (see the module docstring).
+
+    Args:
+      records: the run's saved attempts (`analysis.rollouts.load_rollouts`).
+      data: "rollouts" | "insights".
+      num_rollouts: for "rollouts", use this many successful attempts (seeded sample); 0 = all.
+      deduplicate: for "insights", one example per unique (task, insight).
+      seed: the sample's seed.
+    """
+    if data not in SFT_DATA:
+        raise ValueError(f"sft.data={data!r}; choose one of {', '.join(SFT_DATA)}")
+    examples: list[Example] = []
+    if data == "rollouts":
+        successes = [r.attempt for r in records if r.success]
+        if not successes:
+            raise ValueError("the saved rollouts hold no successful attempt: SFT on rollouts has nothing to train on")
+        if num_rollouts and num_rollouts < len(successes):
+            order = np.random.default_rng(seed).permutation(len(successes))[:num_rollouts]
+            successes = [successes[i] for i in sorted(order)]
+        for a in successes:
+            examples += [_as_target(e) for e in attempt_examples(a, 0.0, builder)]
+        used = len(successes)
+    else:
+        conditioned = [r.attempt for r in records if r.attempt.insights]
+        if not conditioned:
+            raise ValueError("the saved rollouts hold no insight-conditioned attempt: SFTL;DR has nothing to train on")
+        if deduplicate:
+            pairs: dict[tuple[str, str], tuple[Any, Insight]] = {}
+            for a in conditioned:
+                for i in a.insights:
+                    pairs.setdefault((a.task.task_id, i.text), (a.task, i))
+            contexts = [(task, (insight,)) for task, insight in pairs.values()]
+        else:
+            contexts = [(a.task, a.insights) for a in conditioned]
+        for task, insights in contexts:
+            ctx = builder.build(task_text(task), insights)
+            n = len(ctx)
+            examples.append(Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, 0, -1))
+        used = len(conditioned)
+    return SFTData(examples, used, int(sum(e.insight_mask.sum() for e in examples)))
+
+
+def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
+    """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics."""
+    from rltldr_jax.train.loop import _SummaryWriter, workdir_of
+
+    if config.mode != "sft":
+        raise ValueError(f"config.mode={config.mode!r}: offline SFT runs need mode='sft' (an sft_* / sftldr* ablation)")
+    if not config.sft.rollouts_dir:
+        raise ValueError("sft.rollouts_dir is empty: give the workdir (or rollouts directory) of an RLTL;DR run, e.g. "
+                         "--config.sft.rollouts_dir=runs/sapi-rltldr")  # fmt: skip
+    workdir = workdir_of(config)
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
+    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    s = config.sft
+    data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
+                        deduplicate=s.deduplicate, seed=config.seed)  # fmt: skip
+    model = build_policy(config)
+    o = config.optim
+    tx = make_optimizer(s.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+    update = ShardedUpdate(config, model, tx, LossConfig(lam=1.0, grpo_coef=0.0))
+    summary = _SummaryWriter(os.path.join(workdir, "tb"))
+    b = config.batch
+    steps, t0 = 0, time.time()
+    metrics: dict[str, float] = {"sft/examples": float(len(data.examples)), "sft/attempts": float(data.attempts),
+                                 "sft/target_tokens": float(data.target_tokens)}  # fmt: skip
+    try:
+        for epoch in range(s.epochs):
+            order = np.random.default_rng([config.seed, epoch]).permutation(len(data.examples))
+            nll = []
+            for batch in pack([data.examples[i] for i in order], micro_batch_size=b.micro_batch_size,
+                              grad_accum_steps=b.grad_accum_steps, pad_to_multiple=b.pad_to_multiple,
+                              max_len=config.rollout.max_context_tokens):  # fmt: skip
+                nll.append(float(update.step(batch)["sft_nll"]))
+                steps += 1
+            metrics["sft/nll"] = float(np.mean(nll))
+            summary.scalars({"sft/nll": metrics["sft/nll"], "sft/epoch": float(epoch + 1)}, steps, tokens=0, walltime=time.time() - t0)
+            log.info("sft epoch %d/%d: nll %.4f", epoch + 1, s.epochs, metrics["sft/nll"])
+        with Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints) as ckpt:
+            ckpt.save(s.epochs, params=update.params, opt_state=update.opt_state, rng=None,
+                      meta={"mode": "sft", "sft": s.to_dict(), "optimizer_steps": steps, "config": config.to_dict()},
+                      model_config=model.config)  # fmt: skip
+        engine = policy_engine(config, update.model(), workdir=workdir)
+        try:
+            e = config.env
+            evaluation, _ = evaluate(engine, builder, config, tag=s.epochs, progress=progress,
+                                     make_env=lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb))  # fmt: skip
+        finally:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+        summary.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
+        metrics |= evaluation | {"sft/optimizer_steps": float(steps)}
+    finally:
+        summary.close()
+    return metrics

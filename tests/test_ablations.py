@@ -1,0 +1,176 @@
+"""One tiny phase of every baseline and ablation of configs/ablations.py, checking that the loss terms that must be
+on are on and those that must be off are off (issue: "no SFT gradient when λ = 0; no insight in any context under
+GRPO; the RLTF-FM term only on judge-context tokens"), and the offline SFT rows of Table 2 on saved rollouts.
+
+Every RL entry runs `Trainer.run_phase()` on the tiny preset (1 task, 2 attempts of 1 step, tiny budgets; the
+filters are off so that the all-failure group of a random policy still reaches every loss term), then checks:
+- the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + judge_coef·L_judge with the entry's coefficients (one
+  optimizer step per phase), so a term whose weight is 0 contributes nothing;
+- what reached each term: insight tokens only when insights are in context (or in insights-only examples for
+  off-policy), judge tokens only with a judge-SFT weight, detached (ratio-free) examples only for RLTF-SD;
+- what was written and inserted: none under GRPO, SGE summaries of every attempt, each content variant's format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import ablations, base, sapi
+from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
+from rltldr_jax.train.loop import Trainer
+
+RL = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") != "sft"]
+SFT = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") == "sft"]
+# One entry per code path runs by default (~15 s each on 2 cores); every entry runs with `pytest -m slow`
+# (~40 × 15 s): the others differ from these only in coefficients, thresholds, content and generator.
+DEFAULT = {"rltldr", "grpo", "sge", "rltf_sd", "off_policy", "rltldr_rltf_fm", "sft_rollouts_100", "sftldr_dedup"}
+
+
+def _params(names):
+    return [pytest.param(n, marks=() if n in DEFAULT else pytest.mark.slow) for n in names]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """A tiny random 2-layer Qwen 3.5 as the "teacher" of the Table 3 generator rows (its own embedded engine)."""
+    path = tmp_path_factory.mktemp("teacher") / "hf"
+    save_pretrained(ModelSpec(dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=())).build(seed=3), path)
+    return str(path)
+
+
+def _config(name: str, workdir: str, teacher: str):
+    c = sapi.get_config("tiny")
+    base.override(c, {
+        "workdir": workdir, "train.max_phases": 1, "train.checkpoint_every": 1000, "rollout.tasks_per_phase": 1,
+        "rollout.group_size": 2, "rollout.exact_group_size": True, "rollout.max_steps": 1, "rollout.max_think_tokens": 2,
+        "rollout.max_action_tokens": 4, "insight.max_think_tokens": 2, "insight.max_action_tokens": 4,
+        "batch.ppo_epochs": 1, "batch.micro_batch_size": 4, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": 512,
+        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
+    })  # fmt: skip
+    extra = {"insight.teacher.checkpoint": teacher} if ablations.ABLATIONS[name].overrides.get("insight.source") == "teacher" else {}
+    return ablations.resolve(c, name, extra)
+
+
+def _phase(name: str, tmp_path, teacher: str):
+    config = _config(name, str(tmp_path / name), teacher)
+    trainer = Trainer(config)
+    try:
+        metrics = trainer.run_phase()
+    finally:
+        trainer.close()
+    lines = open(os.path.join(str(tmp_path / name), "rollouts", "phase_00000.jsonl")).read().splitlines()
+    return config, metrics, [json.loads(x) for x in lines]
+
+
+@pytest.mark.parametrize("name", _params(RL))
+def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, teacher_dir):
+    config, m, rollouts = _phase(name, tmp_path, teacher_dir)
+    c = config.loss
+    conditioned = [r for r in rollouts if r["insights"]]
+    assert m["update/optimizer_steps"] == 1 and m["rollout/counts/attempts"] == 2
+    # The step's loss uses exactly the entry's coefficients: a zero weight means no gradient from that term.
+    expected = c.grpo_coef * m["update/grpo_loss"] + c.lam * m["update/sft_nll"] + c.judge_sft_coef * m["update/judge_sft_nll"]
+    np.testing.assert_allclose(m["update/loss"], expected, rtol=1e-5, atol=1e-6)
+    assert m["update/grpo_tokens"] > 0  # the (zero-advantage) actions reach the GRPO term
+
+    if config.insight.schedule == "never":  # GRPO: nothing written, no insight in any context, no SFT target
+        assert m["insight/written"] == 0 and not conditioned and m["update/sft_tokens"] == 0
+    else:  # a random policy fails attempt 1: attempt 2 sees its insight (every schedule allows it here)
+        assert [len(r["insights"]) for r in rollouts] == [0, 1]
+    if config.insight.source == "teacher":  # the random teacher's reply is no JSON: counted, nothing inserted
+        assert m["insight/parse_failures"] >= 1 and not conditioned
+    if c.insight_rollouts == "in_context":
+        assert (m["update/sft_tokens"] > 0) == bool(conditioned) and m["update/detached_examples"] == 0
+    elif c.insight_rollouts == "off_policy":  # insights removed from the 2 step examples; 1 insights-only example
+        assert m["filter/examples"] == 2 + len(conditioned) and m["update/sft_tokens"] > 0
+    else:  # self_distill: the conditioned attempt trains without ratio, without insight in context
+        assert m["update/detached_examples"] == len(conditioned) == 1 and m["update/sft_tokens"] == 0
+    if c.judge_sft_coef > 0 and c.judge_sft_filter == "all":  # RLTF-FM: the insight in the judge's context
+        assert m["filter/judge_examples"] == m["insight/written"] > 0 and m["update/judge_sft_tokens"] > 0
+    else:  # off, or self-play (only after a next success; a random policy never succeeds)
+        assert m["filter/judge_examples"] == 0 and m["update/judge_sft_tokens"] == 0
+
+    written = [i["text"] for r in conditioned for i in r["insights"]]
+    content = config.insight.content
+    if content == "strategy":  # SGE: summaries of every attempt (successes too), under the SGE prompt
+        assert config.insight.after == "any" and all(t.startswith("Attempt 1 took 1 step") for t in written)
+    elif content == "feedback":
+        assert all(t.startswith(("The verifier found", "Make sure")) for t in written)
+    elif content.startswith("summary_feedback"):
+        assert all(t.startswith("Attempt 1 took") and "\n\n" in t for t in written)
+    elif config.insight.source == "verifier":
+        assert all(t.startswith("Make sure") for t in written)
+    assert all(len(r["insights"]) <= config.insight.max_insights for r in rollouts)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, builder):
+    """A saved phase as an RLTL;DR run writes it (save_phase): task A solved at attempt 2 after an insight, task B
+    failed twice, its second attempt with an insight."""
+    from rltldr_jax.agent.collector import PhaseResult, save_phase
+    from rltldr_jax.agent.episode import Attempt, StepRecord
+    from rltldr_jax.envs import Task, Verdict
+    from rltldr_jax.tokenization import Insight
+
+    tok = builder.tokenizer
+
+    def step(action: str) -> StepRecord:
+        ids = (*tok.encode("Plan."), tok.think_end_id, *tok.encode("\n\n"), *tok.encode(f"```python\n{action}\n```"), tok.im_end_id)
+        return StepRecord(ids, (False,) * len(ids), tuple([-0.5] * len(ids)), action, "ok", 0)
+
+    a, b = Task("sapi/a", "Do A.", "sapi", "train"), Task("sapi/b", "Do B.", "sapi", "train")
+    hint_a, hint_b = Insight("Remember to paginate.", 1), Insight("Save the setting.", 1)
+    attempts = (
+        Attempt(a, 1, (), (step("x = 1"),), "completed", Verdict(False, "r", 0, 1)),
+        Attempt(a, 2, (hint_a,), (step("x = 2"), step("y = 3")), "completed", Verdict(True, "", 1, 1)),
+        Attempt(b, 1, (), (step("z = 1"),), "completed", Verdict(False, "r", 0, 1)),
+        Attempt(b, 2, (hint_b,), (step("z = 2"),), "completed", Verdict(False, "r", 0, 1)),
+        Attempt(b, 3, (hint_b,), (step("z = 3"),), "completed", Verdict(False, "r", 0, 1)),
+    )
+    run = tmp_path_factory.mktemp("rltldr_run")
+    save_phase(run / "rollouts" / "phase_00000.jsonl", 0, PhaseResult(attempts, ()))
+    return str(run), tok, (hint_a, hint_b)
+
+
+@pytest.mark.parametrize("name", _params(SFT))
+def test_offline_sft_entries(name, saved_run, tmp_path):
+    from rltldr_jax.train.sft import run_sft
+
+    run, tok, (hint_a, hint_b) = saved_run
+    c = sapi.get_config("tiny")
+    base.override(c, {"workdir": str(tmp_path / name), "sft.epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 1,
+                      "rollout.max_steps": 1, "rollout.max_think_tokens": 2, "rollout.max_action_tokens": 4,
+                      "batch.pad_to_multiple": 512})  # fmt: skip
+    config = ablations.resolve(c, name, {"sft.rollouts_dir": run})
+    metrics = run_sft(config)
+    s = config.sft
+    per_step = len(tok.encode("Plan.")) + 1 + len(tok.encode("\n\n")) + len(tok.encode("```python\nx = 2\n```")) + 1
+    if s.data == "rollouts":  # the one successful attempt (2 steps), every sampled token; insights not trained
+        assert metrics["sft/attempts"] == 1 and metrics["sft/examples"] == 2 and metrics["sft/target_tokens"] == 2 * per_step
+    elif s.deduplicate:  # unique (task, insight): 2 examples, each insight once
+        assert metrics["sft/examples"] == 2
+        assert metrics["sft/target_tokens"] == len(tok.encode(hint_a.text)) + len(tok.encode(hint_b.text))
+    else:  # every insight-conditioned attempt's (task, insights)
+        assert metrics["sft/examples"] == 3
+        assert metrics["sft/target_tokens"] == len(tok.encode(hint_a.text)) + 2 * len(tok.encode(hint_b.text))
+    assert metrics["sft/optimizer_steps"] == 1 and np.isfinite(metrics["sft/nll"]) and "eval/pass@1/all" in metrics
+    assert os.listdir(os.path.join(str(tmp_path / name), "checkpoints")) == ["1"]
+
+
+def test_sft_needs_its_data(saved_run, tmp_path):
+    from rltldr_jax.train.sft import run_sft
+
+    def tiny():
+        return base.override(sapi.get_config("tiny"), {"workdir": str(tmp_path / "x")})
+
+    with pytest.raises(ValueError, match="sft.rollouts_dir is empty"):
+        run_sft(ablations.resolve(tiny(), "sftldr"))
+    with pytest.raises(ValueError, match="mode='sft'"):
+        run_sft(base.validate(tiny()))
+    with pytest.raises(FileNotFoundError, match="rollout.save_rollouts=True"):
+        run_sft(ablations.resolve(tiny(), "sftldr", {"sft.rollouts_dir": str(tmp_path)}))
