@@ -68,16 +68,23 @@ _ENTRIES: tuple[Ablation, ...] = (
         "sge",
         "Table 1 SGE, strategy-guided exploration (Szot et al. 2026, arXiv 2603.02045): heldout SAPI 57.7 %",
         {"insight.content": "strategy", "insight.after": "any", "loss.lam": 0.0},
-        "Summaries of earlier attempts, failed or successful, are prepended with a prompt to try a different "
-        "strategy; no diagnosis of what went wrong and no SFT loss. Positive-ratio filtering stays on (A.3.2).",
+        "As §4.1 describes the baseline: after every attempt, failed or successful, the insight writer's JSON "
+        "`summary` of it (no diagnosis of what went wrong) is inserted under '==> Summary of a previous Attempt n "
+        "... <== Try a different strategy than this one: ' (agent/insight.py SGE_SCAFFOLD) by the same schedule; no "
+        "SFT loss; positive-ratio filtering stays on (A.3.2). Szot et al.'s own method also has the policy write a "
+        "strategy before acting, mixed-temperature sampling and strategy reflection; those are not part of the "
+        "baseline as the RLTL;DR paper runs it and are not implemented.",
     ),
     Ablation(
         "rltf_sd",
         "Table 1 RLTF-SD (Song et al. 2026, arXiv 2602.02482): heldout SAPI 53.0 %",
         {"loss.insight_rollouts": "self_distill", "loss.lam": 0.0},
-        "Same sequential attempts and insights as RLTL;DR. Insight-conditioned attempts are trained in the "
-        "context without insights, advantage-weighted, baseline = mean reward of the no-insight attempts of the "
-        "task, no importance ratio (RLTF's first-turn self-distillation).",
+        "Same sequential attempts and insights as RLTL;DR (RLTF's critique c₀ = our insight, its second turn = our "
+        "insight-conditioned attempt). RLTF-SD trains π(y₁ | x₀): insight-conditioned attempts are trained in the "
+        "context *without* insights by an advantage-weighted likelihood with no importance ratio "
+        "(`detach_ratio`), advantage r − mean reward of the task's no-insight attempts in the phase (RLTF's "
+        "first-turn baseline; the group mean when there are none); no-insight attempts keep the PPO ratio with "
+        "the same baseline. No insight SFT (λ = 0).",
     ),
     # --- Table 2: loss terms and offline SFT ----------------------------------------------------------
     Ablation("lambda_0.01", "Table 2 RLTL;DR λ = 0.01: eval 14.0 %", {"loss.lam": 0.01}),
@@ -160,8 +167,10 @@ _ENTRIES: tuple[Ablation, ...] = (
         "rltf_fm",
         "Table 8 RLTF-FM: 6.2 % no-insight success over the first 80 updates",
         {"loss.lam": 0.0, "loss.judge_sft_coef": 0.5},
-        "SFT on π(f | τ): the insight tokens in the insight writer's own context (task, rollout, failed tests); "
-        "actor-side L_SFT off. Weight 0.5, the same as λ (the paper gives none).",
+        "SFT on π(f | τ): the judge's prompt (task, shortened rollout, failed tests; A.1) followed by an answer that "
+        "is exactly the insight sentence, target = the insight tokens (judge_mask; the judge's think trace and JSON "
+        "wrapper are not trained, so the term mirrors L_SFT's target). Actor-side L_SFT off. Weight 0.5, the same as "
+        "λ (the paper gives none). RLTF's FM trains the critique given the first turn, which is this.",
     ),
     Ablation(
         "selfplay_insight_sft",
@@ -194,6 +203,10 @@ _ENTRIES: tuple[Ablation, ...] = (
         "off_policy",
         "Table 9 off-policy training (insights removed at update time + importance sampling): 9.6 %",
         {"loss.insight_rollouts": "off_policy"},
+        "Insight-conditioned attempts are trained with their insights removed from every step's context; the old "
+        "logprobs stay the sampler's (with insights), so the PPO ratio is π_θ(y | task) / π_old(y | task + insights). "
+        "L_SFT (λ = 0.5) keeps its signal through insights-only examples (task + insights, one per step of such an "
+        "attempt), since no insight remains in the rollout contexts; the paper does not say how it kept L_SFT.",
     ),
     Ablation("std_normalize", "Table 9 GRPO-style std normalization: 17.0 %", {"loss.std_normalize": True}),
     # --- Fig. 4: the 1/λ sweep -------------------------------------------------------------------------

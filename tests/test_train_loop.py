@@ -3,7 +3,6 @@ checkpoints, evaluation, and `--resume` reproducing an uninterrupted run exactly
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 

@@ -72,6 +72,8 @@ from typing import Any
 
 import numpy as np
 
+from rltldr_jax.checkpoint import split_step  # noqa: F401  (re-exported: `DIR[:STEP]` parsing shared with checkpoint.load_model)
+
 TOP_FRACTION = 0.01  # the paper's "top-1% share of Δθ²"
 DEFAULT_BINS_PER_OCTAVE = 1024
 DEFAULT_CHUNK_ELEMS = 1 << 22  # float64 row blocks of ~32 MB per temporary
@@ -691,14 +693,6 @@ def _is_step_dir(path) -> bool:
 
 def _is_checkpointer_dir(path) -> bool:
     return path.is_dir() and any(_is_step_dir(p) for p in path.iterdir() if p.name.isdigit())
-
-
-def split_step(spec: str) -> tuple[str, int | None]:
-    """`PATH[:STEP]` → (PATH, STEP or None); a trailing `:N` is a step only when N is all digits."""
-    head, sep, tail = spec.rpartition(":")
-    if sep and head and tail.isdigit():
-        return head, int(tail)
-    return spec, None
 
 
 def open_checkpoint(spec: str | os.PathLike, *, config=None) -> Source:
