@@ -315,19 +315,14 @@ From the shell:
 
     python launch/eval.py --config=configs/sapi.py:tiny --checkpoint=runs/colab-tiny/checkpoints:3
 
-Here we call its `run(config, checkpoint, out)` directly."""),
+Here we call what it runs, `rltldr_jax.train.evaluation.evaluate_checkpoint(config, checkpoint, out)`."""),
     ("code", '''\
-import importlib.util
 import json
 
-if "rltldr_launch_eval" not in sys.modules:  # it defines absl flags: import it once per session
-    _spec = importlib.util.spec_from_file_location("rltldr_launch_eval", os.path.join(REPO_ROOT, "launch", "eval.py"))
-    sys.modules["rltldr_launch_eval"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["rltldr_launch_eval"])
-eval_script = sys.modules["rltldr_launch_eval"]
+from rltldr_jax.train.evaluation import evaluate_checkpoint
 
 EVAL_JSON = os.path.join(WORKDIR, "eval", "eval_final.json")
-report = eval_script.run(config, f"{CKPT_DIR}:{config.train.max_phases}", EVAL_JSON)
+report = evaluate_checkpoint(config, f"{CKPT_DIR}:{config.train.max_phases}", EVAL_JSON)
 saved = json.load(open(EVAL_JSON))
 print(f"{saved['policy']}: {len(saved['per_task'])} tasks × {saved['attempts_per_task']} attempts in {saved['seconds']} s")
 print("successes per task:", saved["per_task"])

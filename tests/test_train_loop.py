@@ -122,14 +122,11 @@ def test_paper_preset_without_weights_fails_fast(tmp_path):
 
 def test_eval_script_repeats_the_trainers_evaluation(uninterrupted, tmp_path):
     """launch/eval.py on training checkpoint 2 reproduces the trainer's evaluation after phase 2 and writes a JSON."""
-    import importlib.util
+    from rltldr_jax.train.evaluation import evaluate_checkpoint  # what launch/eval.py runs
 
     workdir, (_, _, evaluation), _, _ = uninterrupted
-    spec = importlib.util.spec_from_file_location("eval_script", os.path.join(os.path.dirname(__file__), "..", "launch", "eval.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     out = str(tmp_path / "eval.json")
-    report = script.run(_config(workdir, 2), os.path.join(workdir, "checkpoints") + ":2", out)
+    report = evaluate_checkpoint(_config(workdir, 2), os.path.join(workdir, "checkpoints") + ":2", out)
     saved = json.load(open(out))
     assert saved["policy"].endswith("step 2") and saved["attempts_per_task"] == 2
     assert [len(v) for v in saved["per_task"].values()] == [2]
