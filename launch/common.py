@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from absl import flags
+from ml_collections import config_flags
 
-from configs import base
+from configs import ablations, base
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def define_config_flags(ablation_help: str = "A named baseline/ablation of configs/ablations.py.") -> tuple[Any, Any]:
+    """`--config=FILE[:PRESET]` (with `--config.KEY=VALUE` overrides) and `--ablation=NAME`; resolve with
+    `resolve_config`."""
+    config = config_flags.DEFINE_config_file(
+        "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
+    )
+    return config, flags.DEFINE_string("ablation", None, ablation_help)
+
+
+def resolve_config(config_flag: Any, ablation_flag: Any) -> Any:
+    """Preset → ablation → command-line overrides → validation; an invalid config exits with its message."""
+    try:
+        return ablations.resolve(config_flag.value, ablation_flag.value, config_flags.get_override_values(flags.FLAGS["config"]))
+    except base.ConfigError as e:
+        sys.exit(f"error: {e}")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -20,41 +20,28 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from configs import ablations, base  # noqa: E402
-from launch.common import parse_flags  # noqa: E402
+from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
-)
-_ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of configs/ablations.py (its eval settings).")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py (its eval settings).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON (default {workdir}/eval/eval_{checkpoint}.json).")
-
-
-def run(config, checkpoint: str | None, out: str | None) -> dict:
-    """Evaluates and writes the JSON; returns it (`rltldr_jax.train.evaluation.evaluate_checkpoint`)."""
-    from rltldr_jax.train.evaluation import evaluate_checkpoint
-
-    return evaluate_checkpoint(config, checkpoint, out)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --checkpoint=DIR")
-    try:
-        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
-    except base.ConfigError as e:
-        sys.exit(f"error: {e}")
+    config = resolve_config(_CONFIG, _ABLATION)
     import logging
 
     logging.getLogger("absl").setLevel(logging.WARNING)
+    from rltldr_jax.train.evaluation import evaluate_checkpoint
+
     try:
-        run(config, _CHECKPOINT.value, _OUT.value)
+        evaluate_checkpoint(config, _CHECKPOINT.value, _OUT.value)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
 

@@ -24,18 +24,13 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from configs import ablations, base  # noqa: E402
-from launch.common import parse_flags  # noqa: E402
+from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
-)
-_ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of configs/ablations.py.")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint)."
@@ -84,10 +79,7 @@ def _policy(config, checkpoint: str | None):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --max_k=8")
-    try:
-        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
-    except base.ConfigError as e:
-        sys.exit(f"error: {e}")
+    config = resolve_config(_CONFIG, _ABLATION)
     if _DRY_RUN.value:
         print(config)
         return

@@ -15,18 +15,14 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from configs import ablations, base  # noqa: E402
-from launch.common import parse_flags  # noqa: E402
+from configs import ablations  # noqa: E402
+from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
-)
-_ABLATION = flags.DEFINE_string("ablation", None, "An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
+_CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List the offline SFT ablations and exit.")
 
@@ -38,10 +34,7 @@ def main(argv: list[str]) -> None:
         print("\n".join(line for line in ablations.describe().splitlines()
                         if ablations.ABLATIONS[line.split()[0]].overrides.get("mode") == "sft"))  # fmt: skip
         return
-    try:
-        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
-    except base.ConfigError as e:
-        sys.exit(f"error: {e}")
+    config = resolve_config(_CONFIG, _ABLATION)
     if config.mode != "sft":
         sys.exit("error: launch/sft.py runs the offline SFT rows (mode='sft'): pass --ablation=sft_rollouts_all, "
                  "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py")  # fmt: skip

@@ -17,18 +17,14 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from configs import ablations, base  # noqa: E402
-from launch.common import parse_flags  # noqa: E402
+from configs import ablations  # noqa: E402
+from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
-)
-_ABLATION = flags.DEFINE_string("ablation", None, "A named baseline/ablation of configs/ablations.py.")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the workdir.")
@@ -40,10 +36,7 @@ def main(argv: list[str]) -> None:
     if _LIST.value:
         print(ablations.describe())
         return
-    try:
-        config = ablations.resolve(_CONFIG.value, _ABLATION.value, config_flags.get_override_values(flags.FLAGS["config"]))
-    except base.ConfigError as e:
-        sys.exit(f"error: {e}")
+    config = resolve_config(_CONFIG, _ABLATION)
     if _DRY_RUN.value:
         print(config)
         return

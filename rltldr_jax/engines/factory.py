@@ -89,3 +89,10 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
         tokenizer = None  # the policy's
     # The same context limit as the policy's engine, which serves the judge prompts when source="policy".
     return JaxEngine(model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens), tokenizer
+
+
+def close_engine(engine: Any) -> None:
+    """Stops an engine that has threads or channels to release (JaxEngine, SglangClient); None is fine."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()

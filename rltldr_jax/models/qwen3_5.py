@@ -547,7 +547,7 @@ class Qwen35(nnx.Module):
             return picked - logz, entropy
 
         def skip(hc, tc):
-            zero = jnp.zeros(tc.shape, jnp.float32) + 0.0 * jnp.sum(hc, axis=-1).astype(jnp.float32)
+            zero = jnp.zeros(tc.shape, jnp.float32)
             return zero, zero
 
         @jax.checkpoint

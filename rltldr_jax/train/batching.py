@@ -36,9 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
+from rltldr_jax.envs.base import Task
 from rltldr_jax.agent.insight import Judgement
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
-from rltldr_jax.tokenization import ContextBuilder, Step
+from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 from rltldr_jax.train.step import TrainBatch
 
 
@@ -94,11 +95,11 @@ def attempt_examples(
     return out
 
 
-def insight_prefix_example(attempt: Attempt, builder: ContextBuilder) -> Example:
-    """The task and the attempt's insights alone, SFT mask on the insights: π(f_1..f_I | task) without the rollout."""
-    ctx = builder.build(task_text(attempt.task), attempt.insights)
+def insight_prefix_example(task: Task, insights: Sequence[Insight], builder: ContextBuilder, attempt: int = 0) -> Example:
+    """The task and insights alone, SFT mask on the insights: π(f_1..f_I | task) without a rollout."""
+    ctx = builder.build(task_text(task), insights)
     n = len(ctx)
-    return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, attempt.task.task_id, attempt.index, -1)
+    return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, attempt, -1)
 
 
 def judge_examples(
@@ -212,14 +213,16 @@ def phase_examples(
     for a, advantage, kept in zip(attempts, adv, keep):
         conditioned = bool(a.insights)
         moved = conditioned and insight_rollouts != "in_context"  # trained without its insights in context
+        # Off-policy keeps L_SFT with one insights-only example per step (the per-step weight it has in context).
+        prefixes = [insight_prefix_example(a.task, a.insights, builder, a.index)] * len(a.steps) if moved else []
         if kept:
             examples += attempt_examples(a, float(advantage), builder, with_insights=not moved,
                                          detach_ratio=moved and insight_rollouts == "self_distill")  # fmt: skip
-            if moved and insight_rollouts == "off_policy" and sft_prefix:
-                examples += [insight_prefix_example(a, builder)] * len(a.steps)
+            if insight_rollouts == "off_policy" and sft_prefix:
+                examples += prefixes
         elif keep_sft_only and conditioned:
             if moved:
-                examples += [insight_prefix_example(a, builder)] * len(a.steps)
+                examples += prefixes
             else:
                 examples += attempt_examples(a, 0.0, builder, train_actions=False)
             sft_only += 1

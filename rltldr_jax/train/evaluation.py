@@ -83,7 +83,7 @@ def policy_for_eval(config: Any, checkpoint: str | None) -> tuple[Any, str, int 
 
     from rltldr_jax.checkpoint import Checkpointer, load_model, split_step
     from rltldr_jax.models import ModelSpec, get_preset
-    from rltldr_jax.train.loop import workdir_of
+    from rltldr_jax.train.setup import workdir_of
 
     dtype = getattr(jnp, config.model.dtype)
     if checkpoint is None:
@@ -117,29 +117,20 @@ def evaluate_checkpoint(config: Any, checkpoint: str | None = None, out: str | N
     Returns:
       The report: policy, env, split, attempts_per_task, seconds, metrics, per_task successes.
     """
-    from rltldr_jax.engines.factory import policy_engine
-    from rltldr_jax.envs import make_env
-    from rltldr_jax.tokenization import load_tokenizer
-    from rltldr_jax.train.loop import workdir_of
+    from rltldr_jax.engines.factory import close_engine, policy_engine
+    from rltldr_jax.train.setup import env_maker, policy_tokenizer, workdir_of
 
     model, what, step = policy_for_eval(config, checkpoint)
-    tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
-    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    builder = ContextBuilder(policy_tokenizer(config), thinking=config.rollout.thinking)
     workdir = workdir_of(config)
     engine = policy_engine(config, model, workdir=workdir)
     t0 = time.time()
     try:
         if config.engine.kind != "jax":
             engine.update_weights(model, engine.weight_version + 1)  # serve exactly the evaluated weights
-        e = config.env
-        metrics, result = evaluate(
-            engine, builder, config, tag=step or 0, progress=sys.stderr.isatty(),
-            make_env=lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb),
-        )  # fmt: skip
+        metrics, result = evaluate(engine, builder, config, tag=step or 0, progress=sys.stderr.isatty(), make_env=env_maker(config))
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        close_engine(engine)
     per_task = {tid: [a.success for a in group] for tid, group in result.groups().items()}
     report = {
         "policy": what, "env": config.env.name, "split": config.env.eval_split,

@@ -22,28 +22,23 @@ from typing import Any
 
 import jax
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer
-from rltldr_jax.engines.factory import policy_engine, teacher_engine
-from rltldr_jax.envs import TaskSource, load_tasks, make_env
+from rltldr_jax.engines.factory import close_engine, policy_engine, teacher_engine
+from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
-from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
+from rltldr_jax.tokenization import ContextBuilder
 from rltldr_jax.train.batching import pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, evaluate
-from rltldr_jax.train.setup import ShardedUpdate, build_policy
+from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
+from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, make_optimizer
 
 log = logging.getLogger(__name__)
-
-
-def workdir_of(config: Any) -> str:
-    return config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}")
 
 
 class Trainer:
@@ -59,7 +54,7 @@ class Trainer:
         self.config = config
         self.workdir = workdir_of(config)
         os.makedirs(self.workdir, exist_ok=True)
-        self.tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
+        self.tokenizer = policy_tokenizer(config)
         self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking,
                                       insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
         model = build_policy(config)
@@ -91,7 +86,7 @@ class Trainer:
             group_size=config.rollout.group_size, workers_per_task=config.rollout.workers_per_task,
             insight_after=config.insight.after, exact_group_size=config.rollout.exact_group_size, progress=progress,
         )  # fmt: skip
-        self.summary = _SummaryWriter(os.path.join(self.workdir, "tb"))
+        self.summary = SummaryWriter(os.path.join(self.workdir, "tb"))
 
     @property
     def params(self) -> Any:
@@ -105,8 +100,7 @@ class Trainer:
     # -- parts ------------------------------------------------------------------------------------------------
 
     def _make_env(self):
-        e = self.config.env
-        return make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
+        return env_maker(self.config)()
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -223,27 +217,4 @@ class Trainer:
         self.checkpoints.wait_until_finished()
         self.summary.close()
         for engine in (self.engine, self.teacher):
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
-
-
-class _SummaryWriter:
-    """TensorBoard scalars without TensorFlow (tensorboard's own event-file writer), each under three x-axes:
-    `{tag}` at the environment-step count (the paper's x-axis), `by_tokens/{tag}` at generated tokens, and
-    `by_time/{tag}` at walltime seconds."""
-
-    def __init__(self, logdir: str):
-        self._writer = EventFileWriter(logdir, flush_secs=10)
-
-    def scalars(self, values: dict[str, float], env_steps: int, *, tokens: int, walltime: float) -> None:
-        now = time.time()
-        for prefix, step in (("", env_steps), ("by_tokens/", tokens), ("by_time/", int(walltime))):
-            summary = summary_pb2.Summary(
-                value=[summary_pb2.Summary.Value(tag=prefix + k, simple_value=float(v)) for k, v in values.items()]
-            )
-            self._writer.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
+            close_engine(engine)

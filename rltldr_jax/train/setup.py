@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,8 +18,26 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rltldr_jax import sharding
+from rltldr_jax.envs import Env, make_env
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
+
+
+def workdir_of(config: Any) -> str:
+    """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}."""
+    return config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}")
+
+
+def policy_tokenizer(config: Any) -> Tokenizer:
+    """`config.tokenizer`, else the policy checkpoint's, else the built-in Qwen 3.5 tokenizer."""
+    return load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
+
+
+def env_maker(config: Any) -> Callable[[], Env]:
+    """Builds one environment of `config.env` per call (the collector makes one per attempt chain)."""
+    e = config.env
+    return lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
 
 
 def build_policy(config: Any) -> Any:

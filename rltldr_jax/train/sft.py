@@ -25,15 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from rltldr_jax.agent.episode import task_text
 from rltldr_jax.agent.collector import RolloutRecord, load_rollouts
 from rltldr_jax.checkpoint import Checkpointer
-from rltldr_jax.engines.factory import policy_engine
-from rltldr_jax.envs import make_env
-from rltldr_jax.tokenization import ContextBuilder, Insight, load_tokenizer
-from rltldr_jax.train.batching import Example, attempt_examples, pack
+from rltldr_jax.engines.factory import close_engine, policy_engine
+from rltldr_jax.tokenization import ContextBuilder, Insight
+from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
 from rltldr_jax.train.evaluation import evaluate
-from rltldr_jax.train.setup import ShardedUpdate, build_policy
+from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
+from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, make_optimizer
 
 log = logging.getLogger(__name__)
@@ -93,18 +92,13 @@ def sft_examples(
             contexts = [(task, (insight,)) for task, insight in pairs.values()]
         else:
             contexts = [(a.task, a.insights) for a in conditioned]
-        for task, insights in contexts:
-            ctx = builder.build(task_text(task), insights)
-            n = len(ctx)
-            examples.append(Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, 0, -1))
+        examples += [insight_prefix_example(task, insights, builder) for task, insights in contexts]
         used = len(conditioned)
     return SFTData(examples, used, int(sum(e.insight_mask.sum() for e in examples)))
 
 
 def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
     """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics."""
-    from rltldr_jax.train.loop import _SummaryWriter, workdir_of
-
     if config.mode != "sft":
         raise ValueError(f"config.mode={config.mode!r}: offline SFT runs need mode='sft' (an sft_* / sftldr* ablation)")
     if not config.sft.rollouts_dir:
@@ -112,8 +106,7 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
                          "--config.sft.rollouts_dir=runs/sapi-rltldr")  # fmt: skip
     workdir = workdir_of(config)
     os.makedirs(workdir, exist_ok=True)
-    tokenizer = load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
-    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    builder = ContextBuilder(policy_tokenizer(config), thinking=config.rollout.thinking)
     s = config.sft
     data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
                         deduplicate=s.deduplicate, seed=config.seed)  # fmt: skip
@@ -121,7 +114,7 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
     o = config.optim
     tx = make_optimizer(s.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
     update = ShardedUpdate(config, model, tx, LossConfig(lam=1.0, grpo_coef=0.0))
-    summary = _SummaryWriter(os.path.join(workdir, "tb"))
+    summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
     steps, t0 = 0, time.time()
     metrics: dict[str, float] = {"sft/examples": float(len(data.examples)), "sft/attempts": float(data.attempts),
@@ -144,13 +137,9 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
                       model_config=model.config)  # fmt: skip
         engine = policy_engine(config, update.model(), workdir=workdir)
         try:
-            e = config.env
-            evaluation, _ = evaluate(engine, builder, config, tag=s.epochs, progress=progress,
-                                     make_env=lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb))  # fmt: skip
+            evaluation, _ = evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))
         finally:
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            close_engine(engine)
         summary.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
         metrics |= evaluation | {"sft/optimizer_steps": float(steps)}
     finally:
