@@ -270,8 +270,8 @@ print_table([final_eval], ["eval/counts/attempts", "eval/pass@1/all", f"eval/pas
 ## 4. Curves from the TensorBoard event files
 
 The trainer writes its scalars with TensorBoard's own event writer (no TensorFlow) to `{WORKDIR}/tb`, with the
-**environment-step count** as the x-axis (the paper's x-axis; `by_tokens/*` and `by_time/*` hold the same scalars
-against generated tokens and wall time). `EventAccumulator` reads them back. In Colab you can also browse them
+**environment-step count** as the x-axis (the paper's x-axis; the runs `tb/by_tokens` and `tb/by_time` hold the same
+scalars, tagged `by_tokens/*` and `by_time/*`, against generated tokens and wall time). `EventAccumulator` reads them back. In Colab you can also browse them
 with TensorBoard's notebook extension (`%load_ext tensorboard`, then `%tensorboard --logdir runs/colab-tiny/tb`)."""),
     ("code", '''\
 import matplotlib.pyplot as plt

@@ -227,7 +227,8 @@ def apply(config: ml_collections.ConfigDict, name: str) -> ml_collections.Config
 def resolve(
     config: ml_collections.ConfigDict, ablation: str | None = None, cli_overrides: Mapping[str, Any] | None = None
 ) -> ml_collections.ConfigDict:
-    """Preset config → ablation → command-line overrides → validation (the launchers' precedence).
+    """Preset config → ablation → command-line overrides → validation (the launchers' precedence), then every path
+    key made absolute against the current directory (`base.absolute_paths`).
 
     `config` already holds the command-line overrides (config_flags applies them on load); they are applied
     again after the ablation so that an ablation never clobbers what the user set explicitly.
@@ -235,7 +236,7 @@ def resolve(
     if ablation:
         apply(config, ablation)
         base.override(config, dict(cli_overrides or {}))
-    return base.validate(config)
+    return base.absolute_paths(base.validate(config))
 
 
 def describe() -> str:

@@ -13,12 +13,17 @@ key and says how to fix it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_collections
 
-MODEL_PRESETS = ("qwen3_5_9b", "qwen3_5_4b", "qwen3_5_2b", "qwen3_5_0_8b", "tiny")
+from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
+from rltldr_jax.models.presets import PRESETS
+
+MODEL_PRESETS = tuple(PRESETS)
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -32,19 +37,25 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- Policy model --------------------------------------------------------------------------------
     c.model = ml_collections.ConfigDict()
-    c.model.preset = "qwen3_5_9b"  # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny
-    c.model.checkpoint = ""  # HF checkpoint directory (safetensors + config.json) to start from; "" = random init
+    # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny | replicate_xs | replicate_s | replicate_m
+    c.model.preset = "qwen3_5_9b"
+    # HF checkpoint directory (safetensors + config.json) to start from; "" = random init (tiny), or the pretrained
+    # checkpoint of `pretrain.*` when pretrain.steps > 0
+    c.model.checkpoint = ""
     c.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (norms, delta rule, softmax, loss stay fp32)
     # Parameter and optimizer-state dtype. Not in the paper. float32 master weights: at lr 3e-6 most
     # updates are below bf16 resolution (Table 7: only ~2 % of entries move by more than bf16 precision).
     c.model.param_dtype = "float32"
     c.model.remat = True  # rematerialise activations per layer in the backward pass
+    # Load checkpoints (model.checkpoint, the teacher's, a resumed run's) even if their weights hold NaN/inf; by
+    # default such a checkpoint is refused as corrupt. Not in the paper.
+    c.model.allow_nonfinite = False
 
     c.tokenizer = ""  # tokenizer.json or checkpoint dir; "" = model.checkpoint's, else the built-in Qwen 3.5 one
 
     # --- Environment ---------------------------------------------------------------------------------
     c.env = ml_collections.ConfigDict()
-    c.env.name = "sapi"  # sapi | appworld | leetcode
+    c.env.name = "sapi"  # sapi | appworld | leetcode | craft (the small-scale replication's world)
     c.env.train_split = "train"  # task split trained on (the paper uses Pass@128 = 0 "hard" splits, §4.1)
     c.env.eval_split = "eval"  # held-out split for evaluation
     c.env.seed = 0  # seed of the task generator (SAPI-like world) and of the task order
@@ -55,7 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
     # --- Rollout collection phase (Table 4, top) -----------------------------------------------------
     c.rollout = ml_collections.ConfigDict()
     c.rollout.tasks_per_phase = 8  # unique tasks per rollout collection phase
-    c.rollout.group_size = 8  # K: minimum attempts per task = GRPO group size (one task = one group)
+    # K: minimum attempts per task = GRPO group size (one task = one group). At least 2 for RL (validated), also
+    # with loss.grpo_coef=0: a lone attempt has advantage 0, and insights reach only later attempts of the task.
+    c.rollout.group_size = 8
     c.rollout.workers_per_task = 1  # concurrent sequential attempt chains per task (not in the paper)
     c.rollout.max_steps = 50  # maximum environment steps (actions) per attempt
     c.rollout.thinking = True  # Qwen thinking mode (off for LeetCode, A.4)
@@ -86,6 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.insight.after = "failure"
     # Who writes them: policy (the current policy in a fresh chat, A.1) | teacher (a separate model, Table 3)
     #   | verifier (the first failed requirement turned into a sentence by rule; for untrained tiny models)
+    #   | uninformative (a control, not in the paper: the verifier's sentence replaced by one of the same form and
+    #     token length that says nothing about the failure; environments with such a control only: craft)
     c.insight.source = "policy"
     # What goes into the context, from the judge's JSON (Table 3, §6):
     #   hint (the TL;DR sentence) | feedback (diagnostic paragraph) | summary_feedback
@@ -133,7 +148,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999  # not in the paper
     c.optim.eps = 1e-8  # not in the paper
     c.optim.weight_decay = 0.0  # not in the paper
-    c.optim.grad_clip_norm = 1.0  # global-norm clip (Fig. 4 caption: fires on nearly every update)
+    c.optim.grad_clip_norm = 1.0  # global-norm clip (Fig. 4 caption: fires on nearly every update); 0 = no clipping
 
     # --- Update phase (Table 4, bottom) ----------------------------------------------------------------
     c.batch = ml_collections.ConfigDict()
@@ -166,12 +181,20 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_phases = 0  # also stop after this many collection+update phases; 0 = no limit
     c.train.checkpoint_every = 1  # phases between checkpoints
     c.train.keep_checkpoints = 3  # most recent checkpoints kept
+    # An optimizer step whose loss or gradient norm is NaN/inf is skipped (parameters and optimizer state
+    # unchanged, counted as update/skipped_nonfinite); after this many skipped steps in a row the run stops with an
+    # error, its last checkpoint intact. 0 = never stop. Not in the paper.
+    c.train.max_nonfinite_skips = 5
 
     # --- Evaluation: held-out tasks, fixed attempts, no insights (§4.1, D.1) -------------------------
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 10  # phases between evaluations; 0 = only at the end
     c.eval.num_tasks = 256  # held-out tasks evaluated (256 in §5); 0 = the whole split
     c.eval.attempts_per_task = 8  # attempts per task, for macro Pass@1 and Pass@8
+    # Not in the paper: also evaluate this many tasks of env.train_split the same way (no insights), logged under
+    # eval_train/ (the "train no-insight Pass@1" of Table 2, measured as a test rather than from the training
+    # attempts); 0 = off.
+    c.eval.train_num_tasks = 0
 
     # --- Offline SFT baselines (Table 2; mode = "sft") ------------------------------------------------
     c.sft = ml_collections.ConfigDict()
@@ -183,6 +206,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.deduplicate = False  # SFTL;DR on unique (task, insight) pairs, one by one (Table 2)
     c.sft.epochs = 10  # (§5.1)
     c.sft.learning_rate = 3e-6  # not in the paper
+
+    # --- Pretraining from scratch (the small-scale replication; not in the paper) ---------------------------
+    # With steps > 0 and no model.checkpoint, launchers first pretrain model.preset from random weights on the
+    # environment's demonstrations (envs.registry.demonstrations: public-rule plans, some obeying insights in
+    # context) and train from that checkpoint. The result (HF safetensors + tokenizer.json) is cached under
+    # cache_dir by a hash of everything it depends on, so reruns and other arms with the same settings reuse it.
+    c.pretrain = ml_collections.ConfigDict()
+    c.pretrain.steps = 0  # optimizer steps; 0 = no pretraining
+    c.pretrain.batch_size = 32  # demonstrations per step
+    c.pretrain.learning_rate = 3e-3  # peak of a warmup + cosine schedule (AdamW)
+    c.pretrain.warmup_steps = 50
+    c.pretrain.weight_decay = 0.01
+    c.pretrain.vocab_size = 512  # the byte-level BPE tokenizer trained on the demonstrations' texts (<= the model's)
+    c.pretrain.insight_prob = 0.6  # share of demonstrations with (made-up) requirements in context as insights
+    c.pretrain.insight_loss = False  # also train on the insight tokens (the declarative-pretraining experiment)
+    c.pretrain.cache_dir = ""  # "" = runs/pretrained
 
     return c
 
@@ -201,10 +240,10 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "model.preset": MODEL_PRESETS,
     "model.dtype": ("bfloat16", "float32"),
     "model.param_dtype": ("bfloat16", "float32"),
-    "env.name": ("sapi", "appworld", "leetcode"),
+    "env.name": ENV_NAMES,
     "insight.schedule": ("threshold", "first_k", "never", "always"),
     "insight.after": ("failure", "any"),
-    "insight.source": ("policy", "teacher", "verifier"),
+    "insight.source": ("policy", "teacher", "verifier", "uninformative"),
     "insight.content": ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy"),
     "loss.insight_rollouts": ("in_context", "off_policy", "self_distill"),
     "loss.judge_sft_filter": ("all", "next_success"),
@@ -256,9 +295,18 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "train.max_phases": (0, None, True, True),
     "train.checkpoint_every": (1, None, True, True),
     "train.keep_checkpoints": (1, None, True, True),
+    "train.max_nonfinite_skips": (0, None, True, True),
     "eval.every": (0, None, True, True),
     "eval.num_tasks": (0, None, True, True),
     "eval.attempts_per_task": (1, None, True, True),
+    "eval.train_num_tasks": (0, None, True, True),
+    "pretrain.steps": (0, None, True, True),
+    "pretrain.batch_size": (1, None, True, True),
+    "pretrain.learning_rate": (0.0, None, False, True),
+    "pretrain.warmup_steps": (0, None, True, True),
+    "pretrain.weight_decay": (0.0, None, True, True),
+    "pretrain.vocab_size": (262, None, True, True),
+    "pretrain.insight_prob": (0.0, 1.0, True, True),
     "sft.num_rollouts": (0, None, True, True),
     "sft.epochs": (1, None, True, True),
     "sft.learning_rate": (0.0, None, False, True),
@@ -294,6 +342,11 @@ def _describe(spec: tuple[float | None, float | None, bool, bool]) -> str:
 def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     """Combinations that are individually valid but inconsistent."""
     errors = []
+    if c.mode == "rl" and c.rollout.group_size < 2:
+        errors.append(
+            f"rollout.group_size={c.rollout.group_size}: nothing can be learned from one attempt per task (its GRPO "
+            "advantage is 0, and insights only reach later attempts of the same task); use rollout.group_size >= 2"
+        )
     if c.loss.lam == 0 and c.loss.grpo_coef == 0 and c.loss.judge_sft_coef == 0 and c.mode == "rl":
         errors.append("loss.lam, loss.grpo_coef and loss.judge_sft_coef are all 0: nothing would be trained")
     if c.rollout.thinking and c.rollout.max_think_tokens == 0:
@@ -314,6 +367,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             "insight.source='teacher' needs insight.teacher.checkpoint (an HF directory, run embedded) or "
             "insight.teacher.servers (host:port of gRPC servers hosting the teacher)"
         )
+    if c.insight.source == "uninformative":
+        try:
+            uninformative_insight(c.env.name)
+        except ValueError as e:
+            errors.append(str(e))
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:
         errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
     if c.rollout.exact_group_size and c.rollout.workers_per_task > 1:
@@ -341,18 +399,31 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     return errors
 
 
+def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every non-dict entry."""
+    for name, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Checks every choice, range and combination; raises one ConfigError listing all problems.
+    """Checks every choice, range and combination, and that every float is finite; raises one ConfigError listing
+    all problems.
 
     Returns the config unchanged, so `validate(get_config())` can be chained.
     """
-    errors: list[str] = []
+    nonfinite = {k: v for k, v in _leaves(config) if isinstance(v, float) and not math.isfinite(v)}
+    errors = [f"{key}={value!r} is not a finite number" for key, value in nonfinite.items()]
     for key, choices in CHOICES.items():
         value = get(config, key)
         if value not in choices:
             errors.append(f"{key}={value!r} is not one of {', '.join(map(repr, choices))}")
     for key, spec in RANGES.items():
         value = get(config, key)
+        if key in nonfinite:
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             errors.append(f"{key}={value!r} must be a number in {_describe(spec)}")
         elif not _in_range(value, spec):
@@ -378,6 +449,35 @@ def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_co
             node[leaf] = value
         except TypeError as e:
             raise ConfigError(f"{key}={value!r}: {e}") from e
+    return config
+
+
+#: Config keys holding a file or directory: made absolute by `absolute_paths` when the config is resolved.
+PATH_KEYS = (
+    "workdir", "tokenizer", "model.checkpoint", "insight.teacher.checkpoint", "insight.teacher.tokenizer",
+    "engine.weight_sync_dir", "sft.rollouts_dir", "pretrain.cache_dir",
+)  # fmt: skip
+
+
+def absolute_path(path: str) -> str:
+    """`path` made absolute against the current working directory (`~` expanded), so that it means the same from
+    any directory and to libraries that need absolute paths (orbax). "" and URLs (gs://...) stay as they are; a
+    trailing `:STEP` of a training checkpoint (`DIR:3`) is kept."""
+    if not path or "://" in path:
+        return path
+    head, sep, tail = path.rpartition(":")
+    if sep and head and tail.isdigit():
+        return f"{os.path.abspath(os.path.expanduser(head))}:{tail}"
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Makes every non-empty `PATH_KEYS` value absolute (relative to the current directory), in place; returns the
+    config. Launchers call it once, where the config enters (`ablations.resolve`)."""
+    for key in PATH_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        node = get(config, parent) if parent else config
+        node[leaf] = absolute_path(node[leaf])
     return config
 
 

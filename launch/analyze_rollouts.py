@@ -28,12 +28,14 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from launch.common import define_path  # noqa: E402
+
 ANALYSES = ("evolution", "revisits", "categories", "reliance")
 
-_RUN = flags.DEFINE_string("run", None, "The run's workdir (holding rollouts/phase_*.jsonl), e.g. runs/sapi-rltldr.")
+_RUN = define_path("run", None, "The run's workdir (holding rollouts/phase_*.jsonl), e.g. runs/sapi-rltldr.")
 _ANALYSIS = flags.DEFINE_enum("analysis", "all", (*ANALYSES, "all"), "Which analysis to run.")
-_OUT = flags.DEFINE_string("out", None, "Output directory for the CSVs and PNGs (default: {run}/analysis).")
-_CHECKPOINT = flags.DEFINE_string(
+_OUT = define_path("out", None, "Output directory for the CSVs and PNGs (default: {run}/analysis).")
+_CHECKPOINT = define_path(
     "checkpoint", None, "Reliance: the policy, an HF directory or a run's checkpoints DIR[:STEP] (default: latest step)."
 )
 _POLICY = flags.DEFINE_enum(
@@ -41,7 +43,7 @@ _POLICY = flags.DEFINE_enum(
     "Reliance: score every phase with --checkpoint (fixed), or each phase with the training checkpoint that "
     "sampled it (per_phase; --checkpoint must be a run's checkpoints directory that kept them).",
 )  # fmt: skip
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "Reliance: tokenizer.json or directory (default: the run's).")
+_TOKENIZER = define_path("tokenizer", None, "Reliance: tokenizer.json or directory (default: the run's).")
 _THINKING = flags.DEFINE_bool("thinking", None, "Reliance: thinking-mode contexts (default: the run's, else on).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "Reliance: activation dtype of the forward pass.")
 _MAX_PER_PHASE = flags.DEFINE_integer("max_per_phase", 0, "Reliance: score at most this many attempts per phase (0 = all).")
@@ -110,11 +112,11 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --run=runs/sapi-rltldr")
     if not _RUN.value:
         raise app.UsageError("--run is required: the run's workdir, e.g. --run=runs/sapi-rltldr")
-    import logging
+    from launch.common import quiet_logging
 
+    quiet_logging()  # orbax logs every checkpoint lookup at INFO through absl
     from rltldr_jax.analysis import rollouts as ro
 
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint lookup at INFO through absl
     out = _OUT.value or os.path.join(_RUN.value, "analysis")
     wanted = [_ANALYSIS.value] if _ANALYSIS.value != "all" else [*ANALYSES[:3], *(["reliance"] if _CHECKPOINT.value else [])]
     try:

@@ -1,7 +1,10 @@
-"""What the launchers share: absl flag parsing of `--config=FILE[:PRESET]` / `--config.KEY=VALUE` with clear errors."""
+"""What the launchers share: absl flag parsing of `--config=FILE[:PRESET]` / `--config.KEY=VALUE` with clear errors,
+path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), and readable
+logging."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -31,9 +34,57 @@ def resolve_config(config_flag: Any, ablation_flag: Any) -> Any:
         sys.exit(f"error: {e}")
 
 
+class _PathParser(flags.ArgumentParser):
+    """A path flag's value, made absolute as it is parsed (`configs.base.absolute_path`)."""
+
+    def parse(self, argument: str) -> str:
+        return base.absolute_path(argument)
+
+    def flag_type(self) -> str:
+        return "path"
+
+
+def define_path(name: str, default: str | None, help: str) -> flags.FlagHolder:
+    """A flag holding a file or directory (`DIR:STEP` too), made absolute against the current directory where it
+    enters, so that it means the same wherever it is used (argparse launchers: `type=base.absolute_path`)."""
+    return flags.DEFINE(_PathParser(), name, default, help, serializer=flags.ArgumentSerializer())
+
+
+#: Loggers that print INFO noise at start-up and on every checkpoint: absl (orbax logs through it), JAX's back-end
+#: probe ("Unable to initialize backend 'tpu'"), orbax.
+NOISY_LOGGERS = ("absl", "jax._src.xla_bridge", "orbax")
+
+
+class _PlainFormatter(logging.Formatter):
+    """`HH:MM:SS message`; warnings and errors say their level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno <= logging.INFO else text.replace(" ", f" {record.levelname}: ", 1)
+
+
+def quiet_logging() -> None:
+    """The NOISY_LOGGERS at WARNING (call before JAX starts), and the package's own INFO lines (one per phase and
+    evaluation) as plain timestamped lines on stderr."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    package = logging.getLogger("rltldr_jax")
+    package.setLevel(logging.INFO)
+    if not package.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_PlainFormatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+        package.addHandler(handler)
+        package.propagate = False  # not again through absl's handler on the root logger
+
+
+_CONFIG_FILES = "configs/sapi.py, configs/appworld.py, configs/leetcode.py"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with clear errors: an unknown `--config.KEY` or a bad value names the flag and the fix."""
-    for arg in argv[1:]:
+    """absl flag parsing with clear errors: an unknown `--config.KEY`, a missing config file (also in the form
+    `--config FILE`, which absl would otherwise load as an unreadable config) or a bad value names the flag and the
+    fix."""
+    for i, arg in enumerate(argv[1:], 1):
         if arg.startswith(("--config.", "--noconfig.")):
             key = arg.split("=", 1)[0].removeprefix("--no").removeprefix("--").removeprefix("config.")
             try:
@@ -43,7 +94,15 @@ def parse_flags(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             path = arg.removeprefix("--config=").split(":", 1)[0]
             if not os.path.isfile(path):
-                sys.exit(f"error: no config file {path!r}; use one of configs/sapi.py, configs/appworld.py, configs/leetcode.py")
+                sys.exit(f"error: no config file {path!r}; use one of {_CONFIG_FILES}")
+        elif arg == "--config":
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            if not value or value.startswith("-"):
+                sys.exit("error: --config needs a file: use --config=FILE[:PRESET], e.g. --config=configs/sapi.py:tiny")
+            path = value.split(":", 1)[0]
+            if not os.path.isfile(path):
+                sys.exit(f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with one "
+                         f"of {_CONFIG_FILES}")  # fmt: skip
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:

@@ -23,11 +23,13 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-_A = flags.DEFINE_string("a", None, "Base checkpoint (θ_original): HF directory or Checkpointer DIR[:STEP].")
-_B = flags.DEFINE_string("b", None, "Compared checkpoint (θ_trained): HF directory or Checkpointer DIR[:STEP].")
-_OUT = flags.DEFINE_string("out", None, "Also write the table to this .csv or .json file.")
+from launch.common import define_path  # noqa: E402
+
+_A = define_path("a", None, "Base checkpoint (θ_original): HF directory or Checkpointer DIR[:STEP].")
+_B = define_path("b", None, "Compared checkpoint (θ_trained): HF directory or Checkpointer DIR[:STEP].")
+_OUT = define_path("out", None, "Also write the table to this .csv or .json file.")
 _PRESET = flags.DEFINE_string("preset", None, "Architecture preset for orbax checkpoints saved without a model config.")
-_CONFIG_JSON = flags.DEFINE_string("config_json", None, "HF config.json (or its directory), for the same.")
+_CONFIG_JSON = define_path("config_json", None, "HF config.json (or its directory), for the same.")
 _BINS = flags.DEFINE_integer("bins_per_octave", 1024, "Histogram resolution (a power of two); Gini error ≤ 1/(8·this).")
 _QUIET = flags.DEFINE_bool("quiet", False, "No per-tensor progress lines on stderr.")
 
@@ -77,9 +79,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --a=PATH --b=PATH")
     if not _A.value or not _B.value:
         raise app.UsageError("give both --a (the base checkpoint) and --b")
-    import logging
+    from launch.common import quiet_logging
 
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every restore at INFO through absl
+    quiet_logging()  # orbax logs every restore at INFO through absl
     sys.exit(run(_A.value, _B.value, out=_OUT.value, preset=_PRESET.value, config_json=_CONFIG_JSON.value,
                  bins_per_octave=_BINS.value, quiet=_QUIET.value))  # fmt: skip
 

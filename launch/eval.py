@@ -19,25 +19,23 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
+from absl import app
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
+from launch.common import define_config_flags, define_path, parse_flags, quiet_logging, resolve_config  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py (its eval settings).")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
-_OUT = flags.DEFINE_string("out", None, "Where to write the JSON (default {workdir}/eval/eval_{checkpoint}.json).")
+_CHECKPOINT = define_path("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
+_OUT = define_path("out", None, "Where to write the JSON (default {workdir}/eval/eval_{checkpoint}.json).")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --checkpoint=DIR")
     config = resolve_config(_CONFIG, _ABLATION)
-    import logging
-
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    quiet_logging()
     from rltldr_jax.train.evaluation import evaluate_checkpoint
 
     try:

@@ -28,11 +28,11 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
+from launch.common import define_config_flags, define_path, parse_flags, quiet_logging, resolve_config  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
-_CHECKPOINT = flags.DEFINE_string(
+_CHECKPOINT = define_path(
     "checkpoint", None, "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint)."
 )
 _MODES = flags.DEFINE_string("modes", "iid,latest,sequential", "Comma-separated modes: iid, latest, sequential.")
@@ -40,8 +40,8 @@ _MAX_K = flags.DEFINE_integer("max_k", 16, "Attempts per task of the chain modes
 _IID_SAMPLES = flags.DEFINE_integer("iid_samples", None, "Attempts per task of iid (>= max_k; default max_k).")
 _NUM_TASKS = flags.DEFINE_integer("num_tasks", None, "Tasks (default: eval.num_tasks; 0 = the whole split).")
 _SPLIT = flags.DEFINE_string("split", None, "Task split (default: env.train_split, as in the paper).")
-_TASK_IDS = flags.DEFINE_string("task_ids", None, "A file with one task id per line: only these tasks (e.g. Pass@128 = 0).")
-_OUT = flags.DEFINE_string("out", None, "Output directory (default: {workdir}/insight_curves).")
+_TASK_IDS = define_path("task_ids", None, "A file with one task id per line: only these tasks (e.g. Pass@128 = 0).")
+_OUT = define_path("out", None, "Output directory (default: {workdir}/insight_curves).")
 _SAVE_ROLLOUTS = flags.DEFINE_bool("save_rollouts", False, "Also write every mode's attempts as rollouts_{mode}.jsonl.")
 
 
@@ -63,7 +63,7 @@ def _policy(config, checkpoint: str | None):
     path = checkpoint or config.model.checkpoint
     tokenizer = config.tokenizer or config.model.checkpoint or None
     if path:
-        model, what = load_model(path, compute_dtype=dtype, param_dtype=param_dtype)
+        model, what = load_model(path, compute_dtype=dtype, param_dtype=param_dtype, allow_nonfinite=config.model.allow_nonfinite)
         if not config.tokenizer and os.path.isfile(os.path.join(path, "tokenizer.json")):
             tokenizer = path
         return model, what, tokenizer
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         print(config)
         return
-
+    quiet_logging()
     from rltldr_jax.agent.collector import save_phase
     from rltldr_jax.agent.insight import InsightWriter
     from rltldr_jax.analysis import insight_curves as ic

@@ -22,24 +22,29 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from configs.base import absolute_path  # noqa: E402
+
 DTYPES = ("float32", "bfloat16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model_path", help="HF safetensors checkpoint directory (config.json + model*.safetensors)")
+    src.add_argument("--model_path", type=absolute_path,
+                     help="HF safetensors checkpoint directory (config.json + model*.safetensors)")  # fmt: skip
     src.add_argument("--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed with --preset")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=40000, help="gRPC port; 0 picks a free one")
-    p.add_argument("--port_file", help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')")
+    p.add_argument("--port_file", type=absolute_path,
+                   help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')")  # fmt: skip
     p.add_argument("--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)")
     p.add_argument("--max_batch", type=int, default=8, help="sequences decoded concurrently")
     p.add_argument("--max_len", type=int, default=4096, help="prompt + completion tokens per sequence")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
     p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
     p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
+    p.add_argument("--allow_nonfinite", action="store_true", help="serve --model_path even if its weights hold NaN/inf")
     args = p.parse_args(argv)
     if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
         p.error(f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory")
@@ -54,7 +59,10 @@ def build_engine(args: argparse.Namespace):
 
     dtype = getattr(jnp, args.dtype)
     if args.model_path:
-        model = load_pretrained(args.model_path, dtype=dtype, compute_dtype=dtype)
+        try:
+            model = load_pretrained(args.model_path, dtype=dtype, compute_dtype=dtype, allow_nonfinite=args.allow_nonfinite)
+        except ValueError as e:  # a corrupt or mismatching checkpoint: one line, no traceback
+            sys.exit(f"error: {e}")
     else:
         try:
             config = get_preset(args.preset)

@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--num_servers and --tp must be >= 1")
     if args.grpc_port < args.http_port + args.num_servers and args.http_port < args.grpc_port + args.num_servers:
         p.error("the HTTP and gRPC port ranges overlap; move --grpc_port")
+    # Paths absolute where they enter (the servers may run elsewhere); a hub name that is no local path stays.
+    args.log_dir = os.path.abspath(args.log_dir)
+    if os.path.exists(args.model_path):
+        args.model_path = os.path.abspath(args.model_path)
     return args
 
 

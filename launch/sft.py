@@ -20,7 +20,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -41,15 +41,14 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         print(config)
         return
-    import logging
-
+    quiet_logging()
+    from rltldr_jax.checkpoint import CheckpointSaveError
     from rltldr_jax.train.sft import run_sft
+    from rltldr_jax.train.step import NonFiniteError
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    logging.getLogger("rltldr_jax").setLevel(logging.INFO)
     try:
         metrics = run_sft(config, progress=sys.stderr.isatty())
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, NonFiniteError, CheckpointSaveError) as e:
         sys.exit(f"error: {e}")
     k = config.eval.attempts_per_task
     print(f"sft ({config.sft.data}): final nll {metrics['sft/nll']:.4f}; eval macro Pass@1 {metrics['eval/pass@1/all']:.4f}, "

@@ -5,10 +5,17 @@
     python launch/train.py --list_ablations
     python launch/train.py --config=configs/sapi.py:tiny                 # a few phases on a laptop CPU
     python launch/train.py --config=configs/sapi.py:tiny --resume        # continue from the last checkpoint
+    python launch/train.py --config=configs/sapi.py:tiny --resume_step=2 # continue from checkpoint step 2
+    python launch/train.py --config=configs/sapi.py:tiny --restart       # start over (the old run is moved aside)
 
 `--config=FILE[:PRESET]` loads `get_config(PRESET)` from FILE; `--ablation=NAME` applies a named row of
 configs/ablations.py; `--config.KEY=VALUE` flags override last. The resolved config is validated: an unknown
 key or an invalid value stops here with a message naming it.
+
+A new run in a workdir that already holds one is refused: `--resume` continues it (from the newest intact
+checkpoint; what the stopped run wrote after it is moved aside or purged from TensorBoard), `--restart` moves it
+to `{workdir}.old-<time>` first. A resumed run logs every config key that changed and refuses changes to what
+the run trains (loss, optimizer, rollout, insight, env, model, seed, ...) unless `--allow_config_change`.
 """
 
 from __future__ import annotations
@@ -22,12 +29,17 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, resolve_config  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the workdir.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest intact checkpoint in the workdir.")
+_RESUME_STEP = flags.DEFINE_integer("resume_step", None, "Continue from this checkpoint step (implies --resume).")
+_RESTART = flags.DEFINE_bool("restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>.")
+_ALLOW_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False, "On resume, accept changed keys that define what the run trains (loss, optim, ...)."
+)
 
 
 def main(argv: list[str]) -> None:
@@ -43,17 +55,38 @@ def main(argv: list[str]) -> None:
     if config.mode == "sft":
         sys.exit(f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
                  "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>")  # fmt: skip
-    import logging
-
+    quiet_logging()  # before JAX starts: no back-end probe or orbax INFO lines; one line per phase
+    from rltldr_jax.checkpoint import CheckpointSaveError
     from rltldr_jax.train.loop import Trainer
+    from rltldr_jax.train.report import run_summary
+    from rltldr_jax.train.step import NonFiniteError
 
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint step at INFO through absl
-    logging.getLogger("rltldr_jax").setLevel(logging.INFO)  # one line per phase
     try:
-        trainer = Trainer(config, resume=_RESUME.value, progress=sys.stderr.isatty())
-    except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data: say what and how to fix
+        trainer = Trainer(config, resume=_RESUME.value, restart=_RESTART.value, resume_step=_RESUME_STEP.value,
+                          allow_config_change=_ALLOW_CHANGE.value, progress=sys.stderr.isatty())  # fmt: skip
+    except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data, a run in the way: what and how to fix
         sys.exit(f"error: {e}")
-    trainer.run()
+    try:
+        trainer.run()
+    except NonFiniteError as e:
+        sys.exit(f"error: {e}")
+    except CheckpointSaveError as e:
+        sys.exit(f"error: {e}; fix it, then continue with --resume")
+    print(run_summary(trainer.workdir, launch_dir=os.path.dirname(sys.argv[0]), config_args=_config_args(sys.argv),
+                      rollouts=config.rollout.save_rollouts))  # fmt: skip
+
+
+def _config_args(argv: list[str]) -> list[str]:
+    """The `--config...` and `--ablation` arguments of the command line (for the printed evaluation command)."""
+    out, i = [], 1
+    while i < len(argv):
+        arg, i = argv[i], i + 1
+        if not arg.startswith(("--config", "--noconfig.", "--ablation")):
+            continue
+        if "=" not in arg and i < len(argv) and not argv[i].startswith("-"):  # the form `--flag value`
+            arg, i = f"{arg}={argv[i]}", i + 1
+        out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

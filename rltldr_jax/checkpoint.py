@@ -14,11 +14,16 @@ Saving is atomic (orbax writes `{step}.orbax-checkpoint-tmp-*` and renames it wh
 mid-save leaves the previous checkpoints intact and the partial one is never listed. Saves are asynchronous
 by default: `save` returns once the arrays are copied off the accelerator (so the caller may donate or
 overwrite them), the write continues in the background; `wait_until_finished` blocks until it is on disk.
+A save first checks the free space against the checkpoint's size (params + optimizer state bytes, plus a
+margin); a failed save (a full disk, an I/O error) is `CheckpointSaveError`, raised by `check_saved` (the trainer
+calls it before more compute), `wait_until_finished` or the next `save`, and its temporary directory is removed.
 
 `restore` restores into abstract targets (`jax.ShapeDtypeStruct`s, e.g. from `nnx.eval_shape` and
 `jax.eval_shape(tx.init, ...)`) with their shardings, so a sharded model restores straight into its mesh
 layout; every parameter's name, shape and dtype is checked against the checkpoint first, and a different
-architecture fails with `CheckpointMismatchError` naming the mismatching parameters.
+architecture fails with `CheckpointMismatchError` naming the mismatching parameters. Unreadable files (truncated,
+damaged) and restored arrays holding NaN/inf (unless `allow_nonfinite=True`) are `CorruptCheckpointError`
+naming the step and item.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,16 +45,25 @@ from etils import epath
 from flax import nnx
 
 from rltldr_jax.models.config import Qwen35Config
+from rltldr_jax.models.hf import ALLOW_NONFINITE_HINT, CorruptCheckpointError
 
 FORMAT_VERSION = 1
 ITEMS = ("params", "opt_state", "state", "meta")
 _ARRAY_ITEMS = ("params", "opt_state")
+#: A save needs the bytes of params + optimizer state times (1 + SPACE_MARGIN), plus SPACE_SLACK_BYTES (metadata).
+SPACE_MARGIN = 0.1
+SPACE_SLACK_BYTES = 16 * 2**20
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(ValueError):
     """The restore target does not match the checkpoint: the message lists missing/unexpected/mis-shaped arrays."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (not enough free space, an I/O error): the message names the step, the
+    directory and the reason; no partial checkpoint is left behind."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +194,40 @@ def _compare(item: str, target, stored_metadata) -> list[str]:
     return problems
 
 
+def tree_bytes(*trees) -> int:
+    """Bytes of every array leaf of the trees (global sizes, as a checkpoint stores them)."""
+    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(trees) if hasattr(x, "dtype"))
+
+
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem that holds (or will hold) `directory`; None for remote paths (gs://)."""
+    path = os.fspath(directory)
+    if "://" in path:
+        return None
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def error_reason(e: BaseException) -> str:
+    """The innermost cause's first line (TensorStore's own message names the file and what is wrong)."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    text = str(e).split(". See full TensorStore details")[0].strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+@jax.jit
+def _finite(tree):
+    """Per leaf: whether every element is finite (integer leaves: True); one fused pass, no temporaries."""
+    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True), tree)
+
+
+def nonfinite_arrays(tree) -> list[str]:
+    """Dotted names of the leaves of `tree` that hold NaN or inf."""
+    return [name for name, ok in _flat(jax.device_get(_finite(tree))).items() if not ok]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Checkpointer
 # ----------------------------------------------------------------------------------------------------
@@ -189,16 +239,19 @@ class Checkpointer:
     Args:
       directory: the run's checkpoint directory (e.g. {workdir}/checkpoints); created unless `create=False`.
       keep: most recent checkpoints kept (config `train.keep_checkpoints`); None keeps all.
-      async_save: write in a background thread (`wait_until_finished` / `close` to join it).
+      async_save: write in a background thread (`check_saved` / `wait_until_finished` / `close` to join it).
       create: create `directory` if missing; with False a missing directory raises FileNotFoundError.
 
-    Use as a context manager, or call `close()`, so a pending save finishes before the process exits.
+    A relative local `directory` is made absolute (orbax needs absolute paths). Use as a context manager, or call
+    `close()`, so a pending save finishes (or reports its failure) before the process exits.
     """
 
     def __init__(self, directory: str | os.PathLike, *, keep: int | None, async_save: bool = True, create: bool = True):
         if keep is not None and keep < 1:
             raise ValueError(f"keep={keep}: keep at least one checkpoint (or None for all)")
-        self.directory = epath.Path(directory)
+        path = os.fspath(directory)
+        self.directory = epath.Path(path if "://" in path else os.path.abspath(path))
+        self._pending: int | None = None  # the step of the last save, until its outcome is checked
         if not create and not self.directory.is_dir():
             raise FileNotFoundError(f"no checkpoint directory {os.fspath(directory)!r}")
         options = ocp.CheckpointManagerOptions(
@@ -226,7 +279,8 @@ class Checkpointer:
 
         A save still in flight is not listed yet (restoring waits for it).
         """
-        return sorted(s for s in self._manager.all_steps(read=True) if self._complete(s))
+        self._manager.reload()  # read the directory (steps other processes or an earlier run wrote)
+        return sorted(s for s in self._manager.all_steps() if self._complete(s))
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step; None when there is none."""
@@ -234,7 +288,7 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def _resolve(self, step: int | None) -> int:
-        self._manager.wait_until_finished()  # a save of this process still in flight counts
+        self.wait_until_finished()  # a save of this process still in flight counts
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -245,11 +299,53 @@ class Checkpointer:
         return int(step)
 
     def wait_until_finished(self) -> None:
-        """Blocks until every pending save is on disk (and old checkpoints beyond `keep` are deleted)."""
-        self._manager.wait_until_finished()
+        """Blocks until every pending save is on disk (and old checkpoints beyond `keep` are deleted).
+
+        Raises:
+          CheckpointSaveError: the pending save failed.
+        """
+        self.check_saved(wait=True)
+
+    def saving(self) -> bool:
+        """Whether a save is still being written in the background."""
+        return self._pending is not None and self._manager.is_saving_in_progress()
+
+    def check_saved(self, *, wait: bool = False) -> None:
+        """Raises CheckpointSaveError if the last save failed (its temporary directory removed). A save still being
+        written is waited for with `wait=True`; with `wait=False` it is left alone and a later call reports it."""
+        step = self._pending
+        if step is None or (not wait and self.saving()):
+            return
+        self._pending = None
+        try:
+            self._manager.wait_until_finished()
+            reason = None if self._complete(step) else "it is incomplete on disk"
+        except Exception as e:  # orbax re-raises the background thread's error (OSError, TensorStore errors, ...)
+            reason = error_reason(e)
+        if reason is not None:
+            self._remove_partial(step)
+            raise CheckpointSaveError(self._save_failed(step, reason))
+
+    def _save_failed(self, step: int, reason: str) -> str:
+        steps = self.all_steps()
+        return (f"saving checkpoint step {step} in {os.fspath(self.directory)!r} failed ({reason}); the newest saved "
+                f"checkpoint is {f'step {steps[-1]}' if steps else 'none'}")  # fmt: skip
+
+    def _remove_partial(self, step: int) -> None:
+        """Removes what a failed save of `step` left: orbax's temporary directories `{step}.orbax-checkpoint-tmp*`."""
+        for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            for _ in range(50):  # writes of the failed save may still be finishing in orbax's threads
+                try:
+                    tmp.rmtree()
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
     def close(self) -> None:
-        self._manager.close()
+        try:
+            self.wait_until_finished()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -279,12 +375,25 @@ class Checkpointer:
           meta: JSON-serialisable dict (numpy scalars/arrays are converted to numbers/lists).
           model_config: the architecture (Qwen35Config, ModelSpec or HF config dict), so that `export_hf` needs
             nothing but the directory.
+
+        Raises:
+          CheckpointSaveError: the previous save failed, there is not enough free space for this one (checked
+            before anything is written), or (synchronous saves) the write failed.
         """
         step = int(step)
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
+        self.wait_until_finished()  # the previous save's failure is reported before another one starts
         if step in self._manager.all_steps():
             raise ValueError(f"a checkpoint for step {step} already exists in {os.fspath(self.directory)!r}")
+        need = int(tree_bytes(params, opt_state) * (1 + SPACE_MARGIN)) + SPACE_SLACK_BYTES
+        free = free_bytes(self.directory)
+        if free is not None and free < need:
+            raise CheckpointSaveError(
+                f"not enough free space to save checkpoint step {step} in {os.fspath(self.directory)!r}: it needs about "
+                f"{need / 2**30:.2f} GiB (parameters + optimizer state + {SPACE_MARGIN:.0%}), {free / 2**30:.2f} GiB "
+                "are free; free some space or write to a larger disk"
+            )
         state = {"format": FORMAT_VERSION, "step": step, "rng": _rng_to_json(rng), "model_config": _config_dict(model_config)}
         args = {
             "params": ocp.args.StandardSave(params),
@@ -293,15 +402,32 @@ class Checkpointer:
         }
         if opt_state is not None:
             args["opt_state"] = ocp.args.StandardSave(opt_state)
-        if not self._manager.save(step, args=ocp.args.Composite(**args), force=True):
+        try:
+            saved = self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+        except Exception as e:  # the write itself (synchronous saves), or starting it
+            self._remove_partial(step)
+            raise CheckpointSaveError(self._save_failed(step, error_reason(e))) from e
+        if not saved:
             raise RuntimeError(f"orbax declined to save step {step} in {os.fspath(self.directory)!r}")
+        self._pending = step
 
     # -- restore ---------------------------------------------------------------------------------------------
+
+    def _read(self, step: int, what: str, read: Any) -> Any:
+        """`read()`, with any failure to read the files raised as CorruptCheckpointError naming the step."""
+        try:
+            return read()
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"checkpoint step {step} in {os.fspath(self.directory)!r}: cannot read its {what} ({error_reason(e)}); its "
+                "files are truncated or damaged"
+            ) from e
 
     def read_state(self, step: int | None = None) -> tuple[int, dict[str, Any], dict[str, Any]]:
         """(step, internal state JSON, meta) of a checkpoint, without reading any array."""
         step = self._resolve(step)
-        r = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        args = ocp.args.Composite(state=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+        r = self._read(step, "state and meta", lambda: self._manager.restore(step, args=args))
         return step, dict(r["state"]), dict(r["meta"] or {})
 
     def model_config(self, step: int | None = None) -> Qwen35Config | None:
@@ -314,9 +440,11 @@ class Checkpointer:
         step = self._resolve(step)
         if not (self._step_dir(step) / item).exists():
             raise FileNotFoundError(f"checkpoint step {step} in {os.fspath(self.directory)!r} has no {item}")
-        return _flat(self._manager.item_metadata(step)[item])
+        return _flat(self._read(step, "metadata", lambda: self._manager.item_metadata(step))[item])
 
-    def restore(self, step: int | None = None, *, abstract_params, abstract_opt_state=None) -> Restored:
+    def restore(
+        self, step: int | None = None, *, abstract_params, abstract_opt_state=None, allow_nonfinite: bool = False
+    ) -> Restored:
         """Restores a checkpoint (default: the latest) into the given targets.
 
         Args:
@@ -326,17 +454,19 @@ class Checkpointer:
             without a sharding go to the first local device.
           abstract_opt_state: the optimizer state's target (`jax.eval_shape(tx.init, abstract_params)`, shardings
             from `sharding.optimizer_shardings`); None skips the optimizer state.
+          allow_nonfinite: accept restored arrays holding NaN/inf.
 
         Raises:
           FileNotFoundError: no such checkpoint.
           CheckpointMismatchError: the targets' names/shapes/dtypes differ from the checkpoint's.
+          CorruptCheckpointError: its files cannot be read, or (unless allowed) an array holds NaN/inf.
         """
         step = self._resolve(step)
         default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         targets = {"params": _abstract(abstract_params, default)}
         if abstract_opt_state is not None:
             targets["opt_state"] = _abstract(abstract_opt_state, default)
-        metadata = self._manager.item_metadata(step)
+        metadata = self._read(step, "metadata", lambda: self._manager.item_metadata(step))
         problems = []
         for item, target in targets.items():
             if not (self._step_dir(step) / item).exists():
@@ -356,7 +486,15 @@ class Checkpointer:
             )
         args = {item: ocp.args.StandardRestore(t) for item, t in targets.items()}
         args |= {"state": ocp.args.JsonRestore(), "meta": ocp.args.JsonRestore()}
-        r = self._manager.restore(step, args=ocp.args.Composite(**args))
+        r = self._read(step, "arrays", lambda: self._manager.restore(step, args=ocp.args.Composite(**args)))
+        if not allow_nonfinite:
+            bad = nonfinite_arrays({item: r[item] for item in targets})
+            if bad:
+                raise CorruptCheckpointError(
+                    f"checkpoint step {step} in {os.fspath(self.directory)!r} holds NaN/inf in {len(bad)} arrays "
+                    f"({', '.join(bad[:4])}{', …' if len(bad) > 4 else ''}): its files are damaged or the run diverged; "
+                    "use another step, or " + ALLOW_NONFINITE_HINT
+                )
         state = dict(r["state"])
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(f"checkpoint step {step} has format {state.get('format')}; this code reads {FORMAT_VERSION}")
@@ -382,6 +520,7 @@ def restore_model(
     *,
     config: Qwen35Config | Any | None = None,
     compute_dtype: Any = jnp.float32,
+    allow_nonfinite: bool = False,
 ) -> tuple[int, Any]:
     """The model of a training checkpoint: parameters only, each array in its stored dtype, on the host CPU.
 
@@ -391,6 +530,7 @@ def restore_model(
       config: the architecture (Qwen35Config or ModelSpec); None uses the one recorded at save time (a given one
         must agree with a recorded one).
       compute_dtype: activation dtype of the returned model's forward pass.
+      allow_nonfinite: accept parameters holding NaN/inf (CorruptCheckpointError otherwise).
 
     Returns:
       (step, Qwen35 model).
@@ -425,7 +565,7 @@ def restore_model(
             return jax.ShapeDtypeStruct(leaf.shape, dt, sharding=cpu)
 
         abstract = jax.tree_util.tree_map_with_path(target, abstract)
-        restored = ckpt.restore(step, abstract_params=abstract)
+        restored = ckpt.restore(step, abstract_params=abstract, allow_nonfinite=allow_nonfinite)
         return step, nnx.merge(graphdef, restored.params)
     finally:
         ckpt.close()
@@ -439,7 +579,9 @@ def split_step(path: str) -> tuple[str, int | None]:
     return os.fspath(path), None
 
 
-def load_model(path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, param_dtype: Any = None) -> tuple[Any, str]:
+def load_model(
+    path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, param_dtype: Any = None, allow_nonfinite: bool = False
+) -> tuple[Any, str]:
     """A model from either kind of checkpoint: an HF directory (config.json + safetensors) or a training run's
     `Checkpointer` directory (`runs/X/checkpoints`, optionally `:STEP`; default the latest).
 
@@ -447,6 +589,7 @@ def load_model(path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, par
       path: the directory, `DIR:STEP` for a given training checkpoint.
       compute_dtype: activation dtype of the forward pass.
       param_dtype: cast the parameters to this dtype (None keeps the stored ones).
+      allow_nonfinite: accept parameters holding NaN/inf (CorruptCheckpointError otherwise).
 
     Returns:
       (Qwen35 model, a one-line description of what was loaded).
@@ -457,7 +600,8 @@ def load_model(path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, par
     if os.path.isfile(os.path.join(directory, "config.json")):
         if step is not None:
             raise ValueError(f"{path!r}: an HF directory has no steps; drop the ':{step}'")
-        return load_pretrained(directory, dtype=param_dtype, compute_dtype=compute_dtype), f"HF checkpoint {directory}"
+        model = load_pretrained(directory, dtype=param_dtype, compute_dtype=compute_dtype, allow_nonfinite=allow_nonfinite)
+        return model, f"HF checkpoint {directory}"
     ckpt = Checkpointer(directory, keep=None, async_save=False, create=False) if os.path.isdir(directory) else None
     if ckpt is None or not ckpt.all_steps():
         raise FileNotFoundError(
@@ -465,7 +609,7 @@ def load_model(path: str | os.PathLike, *, compute_dtype: Any = jnp.float32, par
             "checkpoint directory with saved steps (e.g. runs/sapi-tiny/checkpoints or runs/sapi-tiny/checkpoints:3)"
         )
     ckpt.close()
-    step, model = restore_model(directory, step, compute_dtype=compute_dtype)
+    step, model = restore_model(directory, step, compute_dtype=compute_dtype, allow_nonfinite=allow_nonfinite)
     if param_dtype is not None:
         graphdef, state = nnx.split(model)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(param_dtype), state))
@@ -479,6 +623,7 @@ def export_hf(
     *,
     config: Qwen35Config | Any | None = None,
     dtype: Any = jnp.bfloat16,
+    allow_nonfinite: bool = False,
 ) -> int:
     """Writes a checkpoint's parameters as an HF safetensors directory (`models.save_pretrained`).
 
@@ -488,12 +633,13 @@ def export_hf(
       out_dir: output directory (config.json + model*.safetensors).
       config: the architecture (Qwen35Config or ModelSpec); None uses the one recorded at save time.
       dtype: tensor dtype written (None keeps the stored one).
+      allow_nonfinite: export parameters holding NaN/inf (CorruptCheckpointError otherwise).
 
     Returns:
       The exported step.
     """
     from rltldr_jax.models import save_pretrained
 
-    step, model = restore_model(checkpoint_dir, step, config=config)
+    step, model = restore_model(checkpoint_dir, step, config=config, allow_nonfinite=allow_nonfinite)
     save_pretrained(model, out_dir, dtype=dtype)
     return step

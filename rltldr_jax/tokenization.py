@@ -147,6 +147,43 @@ def _qwen3_5_backend() -> tokenizers.Tokenizer:
     return backend
 
 
+#: The special tokens of a small ChatML tokenizer (`train_chatml_tokenizer`): what the chat format needs, in Qwen's order.
+CHATML_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, THINK, THINK_END)
+
+
+def train_chatml_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A small byte-level BPE tokenizer with Qwen's pre-tokenizer and ChatML + `<think>` special tokens, trained on
+    `texts` (for small models trained from scratch, where the 248k Qwen vocabulary would be almost all embedding).
+
+    Byte level: every string encodes (no unknown token) and decodes back exactly. Ids 0-4 are the special tokens
+    (`CHATML_SPECIAL_TOKENS`), then the 256 bytes, then the merges. Deterministic for the same texts and size.
+
+    Args:
+      texts: the training corpus (e.g. every kind of message the policy will see, many times).
+      vocab_size: total ids including the special tokens and the 256 bytes (>= 262).
+    """
+    if vocab_size < len(CHATML_SPECIAL_TOKENS) + 257:
+        raise ValueError(f"vocab_size={vocab_size} is too small: the specials and the 256 bytes take {len(CHATML_SPECIAL_TOKENS) + 256}")
+    backend = tokenizers.Tokenizer(models.BPE(fuse_unk=False, ignore_merges=True))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_5_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    from tokenizers import trainers
+
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(CHATML_SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )  # fmt: skip
+    backend.train_from_iterator(texts, trainer=trainer)
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in CHATML_SPECIAL_TOKENS])
+    return Tokenizer(backend)
+
+
 class Tokenizer:
     """A byte-level BPE tokenizer with the ids of Qwen's chat special tokens.
 

@@ -2,13 +2,17 @@
 exact training continuation; architecture mismatch errors; sharded restore; export to HF safetensors (+ CLI)."""
 
 import dataclasses
+import errno
+import gc
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +20,23 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from rltldr_jax import sharding
-from rltldr_jax.checkpoint import Checkpointer, CheckpointMismatchError, export_hf
+from rltldr_jax.checkpoint import (
+    Checkpointer,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    SPACE_MARGIN,
+    SPACE_SLACK_BYTES,
+    CorruptCheckpointError,
+    export_hf,
+    load_model,
+    tree_bytes,
+)
 from rltldr_jax.envs.base import Task, TaskSource
-from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.models import ModelSpec, get_preset, load_pretrained, save_pretrained
 from rltldr_jax.train.step import make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,3 +335,139 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
     # With --config_json the un-recorded step 3 exports.
     assert cli.main([f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--config_json={tmp_path / 'hf32'}", f"--out={tmp_path / 'hf3'}"]) == 0
     assert os.path.isfile(tmp_path / "hf3" / "model.safetensors")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Corrupt files, failed saves, relative paths
+# ----------------------------------------------------------------------------------------------------
+
+
+def _hf_dir(setup, path):
+    """An HF directory (single model.safetensors) of the setup's parameters."""
+    save_pretrained(nnx.merge(setup["graphdef"], setup["params"]), path)
+    return path
+
+
+def test_corrupt_safetensors_are_one_clear_error(setup, tmp_path):
+    good = _hf_dir(setup, tmp_path / "hf")
+    raw = (good / "model.safetensors").read_bytes()
+    truncated = _hf_dir(setup, tmp_path / "truncated")
+    (truncated / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    garbled = _hf_dir(setup, tmp_path / "garbled")
+    (garbled / "model.safetensors").write_bytes(raw[:8] + b"\x00garbled{" + raw[17:])  # the JSON header
+    for path, why in ((truncated, "incomplete metadata"), (garbled, "invalid JSON")):
+        with pytest.raises(CorruptCheckpointError, match=rf"{re.escape(str(path / 'model.safetensors'))} is not a readable safetensors file .*{why}"):
+            load_pretrained(path)
+        with pytest.raises(CorruptCheckpointError, match="truncated or damaged"):  # the analyses' path (Δθ, load_model)
+            load_model(str(path))
+
+    # NaN weights: refused, naming the file, the tensor and the count, unless allowed.
+    nan = _hf_dir(setup, tmp_path / "nan")
+    with safe_open(str(nan / "model.safetensors"), framework="numpy") as f:
+        tensors = {k: np.array(f.get_tensor(k)) for k in f.keys()}
+    tensors["model.norm.weight"][:3] = [np.nan, np.inf, np.nan]
+    save_file(tensors, str(nan / "model.safetensors"))
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors: tensor model\.norm\.weight holds 3 NaN/inf values of 64"):
+        load_pretrained(nan)
+    model = load_pretrained(nan, allow_nonfinite=True)
+    assert int(np.isnan(np.asarray(model.norm.weight[...])).sum()) == 2
+
+
+def _orbax_data_files(step_dir):
+    """The OCDBT data files of a checkpoint step's params, largest first."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "params") for f in fs if os.sep + "d" + os.sep in os.path.join(d, f)]
+    return sorted(files, key=os.path.getsize, reverse=True)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's reads orphaned by the error
+def test_corrupt_orbax_checkpoints_are_one_clear_error(setup, tmp_path, capsys):
+    abstract_params, abstract_opt = abstract_targets(setup["tx"])
+    for name in ("truncated", "overwritten"):
+        with Checkpointer(tmp_path / name, keep=None, async_save=False) as ckpt:
+            ckpt.save(1, params=setup["params"], opt_state=setup["opt_state"], rng=None, model_config=CONFIG)
+    data = _orbax_data_files(tmp_path / "truncated" / "1")[0]
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    data = _orbax_data_files(tmp_path / "overwritten" / "1")[0]
+    with open(data, "r+b") as f:
+        for at in range(os.path.getsize(data) // 8, os.path.getsize(data) - 64, os.path.getsize(data) // 8):
+            f.seek(at)
+            f.write(b"\xff" * 64)  # bytes overwritten in a few places
+    with Checkpointer(tmp_path / "truncated", keep=None, create=False) as ckpt:
+        with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*truncated.*: cannot read its arrays \(.*Error reading"):
+            ckpt.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
+    with Checkpointer(tmp_path / "overwritten", keep=None, create=False) as ckpt:  # garbage decodes to NaN somewhere
+        with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*overwritten.*(cannot read|holds NaN/inf)"):
+            ckpt.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
+
+    # NaN values: refused on restore, export and load_model, naming the arrays, unless allowed.
+    _, params = random_params()
+    params = jax.tree_util.tree_map_with_path(lambda p, x: x * np.nan if "norm" in jax.tree_util.keystr(p) else x, params)
+    with Checkpointer(tmp_path / "nan", keep=None, async_save=False) as ckpt:
+        ckpt.save(1, params=params, opt_state=None, rng=None, model_config=CONFIG)
+        with pytest.raises(CorruptCheckpointError, match=r"step 1 .* holds NaN/inf in \d+ arrays \(.*norm"):
+            ckpt.restore(abstract_params=abstract_params)
+        assert np.isnan(np.asarray(ckpt.restore(abstract_params=abstract_params, allow_nonfinite=True).params["norm"]["weight"][...])).all()
+    with pytest.raises(CorruptCheckpointError, match="holds NaN/inf"):
+        load_model(str(tmp_path / "nan"))
+    cli = _load_cli()
+    assert cli.main([f"--checkpoint_dir={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}"]) == 2
+    assert re.search(r"export_hf: error: checkpoint step 1 .* holds NaN/inf", capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / "hf_nan")
+    assert cli.main([f"--checkpoint_dir={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}", "--allow_nonfinite"]) == 0
+    gc.collect()  # orbax's reads orphaned by the damaged files end here (their warning is filtered), not later
+
+
+def _failing_writes(monkeypatch):
+    """Every later save's background commit fails as on a full disk (a real full disk is not available in tests)."""
+    import orbax.checkpoint as ocp
+
+    class Full:
+        def result(self, timeout=None):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    original = ocp.StandardCheckpointHandler.async_save
+
+    async def async_save(self, directory, *args, **kwargs):
+        return [*(await original(self, directory, *args, **kwargs) or []), Full()]
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", async_save)
+
+
+def test_failed_save_is_reported_and_cleaned_up(setup, tmp_path, monkeypatch):
+    params, opt = setup["params"], setup["opt_state"]
+    ckpt = Checkpointer(tmp_path, keep=3)
+    ckpt.save(1, params=params, opt_state=opt, rng=None)
+    ckpt.wait_until_finished()
+    with monkeypatch.context() as m:
+        _failing_writes(m)
+        ckpt.save(2, params=params, opt_state=opt, rng=None)  # returns; the write fails in the background
+        while ckpt.saving():
+            time.sleep(0.05)
+        with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 2 in .* failed \(OSError: \[Errno 28\] No space left on device\); the newest saved checkpoint is step 1"):
+            ckpt.check_saved()
+    assert sorted(os.listdir(tmp_path)) == ["1"]  # the temporary directory is gone
+    ckpt.check_saved(wait=True)  # reported once
+    # Free space below the checkpoint's size (params + optimizer state bytes, plus the margin): refused before
+    # anything is written; exactly enough: saved.
+    nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, opt)))
+    assert tree_bytes(params, opt) == nbytes > 500_000
+    need = int(nbytes * (1 + SPACE_MARGIN)) + SPACE_SLACK_BYTES
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 9 * need, need - 1))
+    with pytest.raises(CheckpointSaveError, match=r"not enough free space to save checkpoint step 3 .* it needs about 0.02 GiB"):
+        ckpt.save(3, params=params, opt_state=opt, rng=None)
+    assert sorted(os.listdir(tmp_path)) == ["1"]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 9 * need, need))
+    ckpt.save(3, params=params, opt_state=opt, rng=None)
+    ckpt.close()
+    assert sorted(os.listdir(tmp_path)) == ["1", "3"]
+
+
+def test_relative_checkpoint_directory(setup, tmp_path, monkeypatch):
+    """orbax needs absolute paths: a relative directory works (and means the directory it names now)."""
+    monkeypatch.chdir(tmp_path)
+    with Checkpointer(os.path.join("run", "checkpoints"), keep=1) as ckpt:
+        ckpt.save(1, params=setup["params"], opt_state=None, rng=None)
+    monkeypatch.chdir(ROOT)
+    with Checkpointer(tmp_path / "run" / "checkpoints", keep=1, create=False) as ckpt:
+        assert ckpt.all_steps() == [1]

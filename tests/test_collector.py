@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_episode import ReplayEngine
 
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, verifier_insight
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.envs import make_env
+from rltldr_jax.envs.sapi.env import SapiEnv
 from rltldr_jax.envs.sapi.tasks import generate_tasks
 
 
@@ -67,3 +69,37 @@ def test_exact_group_size_rejects_concurrent_chains(tiny_policy, builder):
     with pytest.raises(ValueError, match="exact_group_size needs workers_per_task=1"):
         Collector(tiny_policy[1], lambda: make_env("sapi"), builder, EpisodeConfig(), InsightSchedule("never"), None,
                   group_size=2, workers_per_task=2, exact_group_size=True)  # fmt: skip
+
+
+class RaisingEnv(SapiEnv):
+    """The real SAPI environment with a bug: every step raises."""
+
+    def step(self, code):
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+
+
+class RaisingWriter(InsightWriter):
+    """An insight writer with a bug: every write raises."""
+
+    async def write(self, failed, *, seed=None):
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_env_and_writer_exceptions_do_not_end_the_phase(builder):
+    """A step that raises is an "error: ..." observation; a write that raises is a counted parse failure; the phase
+    completes with every attempt."""
+    action = builder.tokenizer.encode("```python\nprint(1)\n```<|im_end|>", special=True)
+    engine = ReplayEngine([list(action) for _ in range(4)])  # 2 attempts × 2 steps, no think phase
+    collector = Collector(
+        engine, RaisingEnv, builder, EpisodeConfig(max_steps=2, thinking=False, max_action_tokens=64, max_context_tokens=4096),
+        InsightSchedule("threshold", threshold=0.5), RaisingWriter(builder.tokenizer, None, source="verifier"),
+        group_size=2, exact_group_size=True,
+    )  # fmt: skip
+    result = collector.collect(generate_tasks("train", seed=0, n=60)[:1], phase=0)
+    assert len(result.attempts) == 2 and all(a.end == "max_steps" and a.env_steps == 2 for a in result.attempts)
+    observations = [s.observation for a in result.attempts for s in a.steps]
+    assert observations == ["error: the environment failed to run this action (RecursionError: maximum recursion depth "
+                            "exceeded while decoding a JSON array)"] * 4  # fmt: skip
+    assert result.parse_failures == 2
+    errors = [j.parse_error for _, _, j in result.judgements]
+    assert errors == ["the insight writer failed: RecursionError: maximum recursion depth exceeded"] * 2

@@ -125,11 +125,25 @@ def test_validation_errors_name_the_key_and_fix():
         ({"loss.insight_rollouts": "off_policy", "insight.schedule": "never"}, "inserts none"),
         ({"insight.content": "strategy"}, "SGE has no insight SFT"),
         ({"mesh.data": -1, "mesh.fsdp": -1}, "at most one axis may be -1"),
+        ({"rollout.group_size": 1}, r"rollout.group_size=1: nothing can be learned .* use rollout.group_size >= 2"),
+        ({"rollout.group_size": 1, "loss.grpo_coef": 0.0}, "rollout.group_size=1: nothing can be learned"),  # insights need a 2nd attempt
     ],
 )
 def test_inconsistent_combinations(overrides, message):
     with pytest.raises(base.ConfigError, match=message):
         base.validate(base.override(_config("sapi"), overrides))
+
+
+def test_nonfinite_numbers_are_rejected_by_name():
+    bad = base.override(_config("sapi"), {"optim.learning_rate": float("nan"), "loss.lam": float("inf"),
+                                          "env.step_timeout_s": float("-inf")})  # fmt: skip
+    with pytest.raises(base.ConfigError) as e:
+        base.validate(bad)
+    msg = str(e.value)
+    for line in ("optim.learning_rate=nan is not a finite number", "loss.lam=inf is not a finite number",
+                 "env.step_timeout_s=-inf is not a finite number"):  # fmt: skip
+        assert line in msg
+    assert msg.count("\n  - ") == 3  # one line per key, no range message on top
 
 
 # --- the launcher --------------------------------------------------------------------------------------
@@ -156,6 +170,9 @@ def test_launcher_dry_run_prints_the_resolved_config():
         (["--ablation=nope"], "unknown ablation 'nope'"),
         (["--config=configs/sapi.py:huge"], "unknown preset 'huge'"),
         (["--config=configs/nope.py"], "no config file 'configs/nope.py'"),
+        (["--config", "configs/nope.py"], "no config file 'configs/nope.py' (from '--config configs/nope.py'); use --config=FILE[:PRESET]"),
+        (["--config"], "--config needs a file: use --config=FILE[:PRESET]"),
+        (["--config.optim.learning_rate=nan"], "optim.learning_rate=nan is not a finite number"),
     ],
 )
 def test_launcher_errors_are_clear(args, message):

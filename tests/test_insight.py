@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -128,6 +129,33 @@ def test_parse_realistic_outputs(text, expected):
 def test_parse_failures(text, why):
     fields, error = parse_judge_output(text)
     assert fields is None and why in error
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("{" * 1_000_000, "more than the 64,000 read"),  # was 123 s of quadratic brace matching
+        ('{"hint": ' + "[" * 100_000 + "]" * 100_000 + "}", "more than the 64,000 read"),  # was a RecursionError
+        ("{" * 60_000, "more than 32 levels deep"),
+        ('{"hint": ' + "[" * 20_000 + "]" * 20_000 + "}", "more than 32 levels deep"),
+        ("```json\n{" + '"a": [' * 5_000 + "]" * 5_000 + "}\n```", "more than 32 levels deep"),
+        ("{'hint': " + "(" * 20_000 + "1" + ")" * 20_000 + "}", "no JSON object"),
+        (("{" + "[]" * 3_000) * 10, "no JSON object"),  # unclosed braces: the scan restarts, boundedly
+    ],
+    ids=["1MB of {", "100k-deep JSON", "60k of {", "20k-deep JSON", "deep fenced JSON", "deep parentheses", "unclosed braces"],
+)
+def test_pathological_answers_fail_fast(text, why):
+    start = time.perf_counter()
+    fields, error = parse_judge_output(text)
+    assert fields is None and why in error
+    assert time.perf_counter() - start < 0.5
+
+
+def test_parse_survives_unclosed_braces_and_apostrophes_in_prose():
+    answer = "I'd say { is odd, isn't it? " + ("{" + "[]" * 300) * 6 + 'Here\'s mine: {"hint": "H.", "summary": "S."}'
+    assert parse_judge_output(answer) == ({"hint": "H.", "summary": "S."}, None)
+    nested = '{"hint": "H.", "x": ' + "[" * 30 + "]" * 30 + "}"  # within the depth limit
+    assert parse_judge_output(nested)[0]["hint"] == "H."
 
 
 def test_content_variants_select_fields():

@@ -236,6 +236,18 @@ def test_api_handler_round_trip():
         assert "NameError: name 'apis' is not defined" in sb.run("apis.a.b()")
 
 
+def test_a_deeply_nested_api_frame_is_a_protocol_error_not_an_exception():
+    """Agent code that bypasses the `apis` proxy and writes a 5,000-deep API call to the control pipe: the parent's
+    JSON decoder would raise RecursionError; the session restarts instead, with the protocol message."""
+    deep = "[" * 5000 + "]" * 5000
+    frame = f'J{{"op": "api", "app": "a", "fn": "b", "args": [{deep}], "kwargs": {{}}}}'
+    code = (f"import sys, json, os\nframe = {frame!r}.encode()\n"
+            "os.write(json.loads(sys.argv[1])['msg_fd'], len(frame).to_bytes(4, 'big') + frame)")  # fmt: skip
+    with Sandbox(FAST, api_handler=lambda app, fn, args, kwargs: None) as sb:
+        assert "broke the sandbox's control protocol" in sb.run(code)
+        assert sb.run("print('ok')") == "ok\n"
+
+
 def test_preamble_runs_after_every_restart():
     preamble = "def helper():\n    return 'from preamble'"
     with Sandbox(FAST, preamble=preamble) as sb:

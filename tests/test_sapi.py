@@ -292,3 +292,20 @@ def test_sapi_env_through_sandbox(sample):
         assert any(c.api == "update_list" and c.kwargs.get("color") == color.lower() for c in env.call_log)
     finally:
         env.close()
+
+
+def test_deeply_nested_api_arguments_are_an_observation(sample):
+    """An action that raises the recursion limit and passes a 5,000-deep list to an API gets an error in its own
+    output (it used to raise RecursionError out of SapiEnv.step, in the trainer's process)."""
+    from rltldr_jax.envs.sapi.env import SapiEnv
+
+    env = SapiEnv()
+    try:
+        env.reset(first(sample, "trails_bookmark"))
+        r = env.step("import sys\nsys.setrecursionlimit(20000)\nx = []\nfor _ in range(5000):\n    x = [x]\n"
+                     "apis.api_docs.show_api_descriptions(app_name=x)")  # fmt: skip
+        assert not r.done
+        assert "ValueError: apis.api_docs.show_api_descriptions(): arguments nest lists/dicts more than 100 levels deep" in r.observation
+        assert env.step("print('still here')").observation == "still here\n"
+    finally:
+        env.close()

@@ -78,16 +78,18 @@ def test_tiny_run_updates_logs_and_checkpoints(uninterrupted):
     lines = open(os.path.join(workdir, "rollouts", "phase_00000.jsonl")).read().splitlines()
     assert len(lines) == 2 and [len(json.loads(x)["insights"]) for x in lines] == [0, 1]
 
-    events = EventAccumulator(os.path.join(workdir, "tb"))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    missing = [t for t in REQUIRED_TAGS if t not in tags or f"by_tokens/{t}" not in tags or f"by_time/{t}" not in tags]
+    runs = {axis: EventAccumulator(os.path.join(workdir, "tb", axis)) for axis in ("", "by_tokens", "by_time")}  # one run per x-axis
+    tags = {axis: set(run.Reload().Tags()["scalars"]) for axis, run in runs.items()}
+    missing = [t for t in REQUIRED_TAGS if t not in tags[""] or f"by_tokens/{t}" not in tags["by_tokens"] or f"by_time/{t}" not in tags["by_time"]]
     assert not missing, f"not logged: {missing}"
     # The x-axis is the environment-step count: the phase-2 point sits at both phases' steps.
+    events = runs[""]
     steps = [e.step for e in events.Scalars("update/sft_nll")]
     total = first["rollout/counts/env_steps"] + second["rollout/counts/env_steps"]
     assert steps == [first["rollout/counts/env_steps"], total]
     assert [e.value for e in events.Scalars("update/sft_nll")] == pytest.approx([first["update/sft_nll"], second["update/sft_nll"]])
+    assert [e.step for e in runs["by_tokens"].Scalars("by_tokens/update/sft_nll")] == [first["rollout/counts/tokens"],
+                                                                                         first["rollout/counts/tokens"] + second["rollout/counts/tokens"]]  # fmt: skip
 
 
 def test_resume_continues_exactly(uninterrupted, tmp_path):

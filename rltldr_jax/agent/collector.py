@@ -18,17 +18,19 @@ import asyncio
 import dataclasses
 import glob
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rltldr_jax.agent.episode import Attempt, EpisodeConfig, StepRecord, run_attempt, step_seed
-from rltldr_jax.agent.insight import InsightWriter, Judgement
+from rltldr_jax.agent.insight import FailedAttempt, InsightWriter, Judgement
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, Task, Verdict
 from rltldr_jax.tokenization import ContextBuilder, Insight
 
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class PhaseResult:
@@ -62,7 +64,8 @@ class Collector:
       builder: the context builder.
       episode: budgets and sampling of attempts.
       schedule: when insights are inserted (reset at the start of every phase).
-      writer: the insight writer (None: no insights are written, e.g. the GRPO baseline).
+      writer: the insight writer (None: no insights are written, e.g. the GRPO baseline). An exception it raises is
+        a parse failure of that attempt (logged, counted), never the end of the phase.
       group_size: K, the minimum number of finished attempts per task.
       workers_per_task: concurrent attempt chains per task.
       insight_after: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
@@ -97,6 +100,15 @@ class Collector:
     def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
         """Runs one phase (blocking)."""
         return asyncio.run(self.collect_async(tasks, phase))
+
+    async def _write(self, failed: FailedAttempt, seed: int, where: str) -> Judgement:
+        """The writer's judgement; an exception there is a parse failure of this attempt (no insight, counted), never
+        the end of the phase."""
+        try:
+            return await self.writer.write(failed, seed=seed)
+        except Exception as e:  # not BaseException: cancellation and interrupts still stop the run
+            log.warning("%s: the insight writer raised %s: %s (counted as a parse failure)", where, type(e).__name__, e)
+            return Judgement(None, {}, f"the insight writer failed: {type(e).__name__}: {e}", 0, 0)
 
     async def collect_async(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
         if not tasks:
@@ -137,7 +149,7 @@ class Collector:
                     if self.writer is not None and (not attempt.success or self.insight_after == "any"):
                         failed = dataclasses.replace(attempt.failed_attempt(self.builder), success=attempt.success)
                         seed = step_seed(self.episode.seed, f"insight/{task.task_id}", phase, index, 0)
-                        judgement = await self.writer.write(failed, seed=seed)
+                        judgement = await self._write(failed, seed, f"{task.task_id} attempt {index}")
                         judgements.append((task.task_id, index, judgement))
                         if judgement.insight:
                             self.schedule.add_insight(task.task_id, judgement.insight, index)

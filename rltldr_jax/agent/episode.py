@@ -9,7 +9,8 @@ block is run by the environment; the observation (shortened, middle elided) beco
 
 An attempt ends when the environment says done (the agent called the completion API), at `max_steps`, when an
 action has no code block (malformed, counted), or when the next context would exceed `max_context_tokens`.
-Then the verifier runs. Sampling seeds derive from (seed, task, attempt, step), so a run is reproducible.
+Then the verifier runs. Sampling seeds derive from (seed, task, attempt, step), so a run is reproducible. An
+exception from `env.step` is that step's observation ("error: ..."), never the end of the phase.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from rltldr_jax.agent.insight import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, SamplingParams
-from rltldr_jax.envs.base import Env, Task, Verdict
+from rltldr_jax.envs.base import Env, StepResult, Task, Verdict
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
+
+log = logging.getLogger(__name__)
 
 EndReason = Literal["completed", "max_steps", "malformed", "context_full"]
 
@@ -43,8 +47,9 @@ TASK_PROMPTS = {
         "the task asks a question).\n\nTask: {goal}"
     ),
     "coding": "{goal}\n\nAnswer with your complete solution in one Python code block (```python ... ```).",
+    "plan": "{goal}\nWrite the plan as one Python code block.",
 }
-ENV_PROMPT = {"sapi": "api", "appworld": "api", "leetcode": "coding"}
+ENV_PROMPT = {"sapi": "api", "appworld": "api", "leetcode": "coding", "craft": "plan"}
 
 
 def task_text(task: Task) -> str:
@@ -202,6 +207,16 @@ async def generate_step(
     return tuple(ids), tuple(forced), tuple(logprobs), action.weight_version
 
 
+async def _env_step(env: Env, code: str, where: str) -> StepResult:
+    """`env.step(code)`; an exception there (an environment bug, or one a hostile action provoked) becomes the step's
+    observation and the attempt goes on: one episode never ends the phase."""
+    try:
+        return await asyncio.to_thread(env.step, code)
+    except Exception as e:  # not BaseException: cancellation and interrupts still stop the run
+        log.warning("%s: the environment raised %s: %s (given to the agent as the observation)", where, type(e).__name__, e)
+        return StepResult(f"error: the environment failed to run this action ({type(e).__name__}: {e})", False)
+
+
 async def run_attempt(
     task: Task,
     index: int,
@@ -230,7 +245,7 @@ async def run_attempt(
             steps.append(StepRecord(ids, forced, logprobs, None, None, version))
             end = "malformed"
             break
-        result = await asyncio.to_thread(env.step, code)
+        result = await _env_step(env, code, f"{task.task_id} attempt {index} step {k + 1}")
         observation = shorten(result.observation, cfg.max_observation_chars)
         steps.append(StepRecord(ids, forced, logprobs, code, observation, version))
         if result.done:

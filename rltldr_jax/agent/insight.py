@@ -39,9 +39,10 @@ from rltldr_jax.engines.engine import (
     SamplingParams,
 )
 from rltldr_jax.envs.base import Task
+from rltldr_jax.envs.registry import uninformative_insight
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Tokenizer
 
-SOURCES = ("policy", "teacher", "verifier")
+SOURCES = ("policy", "teacher", "verifier", "uninformative")
 
 #: The message before an SGE summary (content="strategy"): a neutral header (summaries of successes are inserted
 #: too) and the prompt to try something else (§4.1: "prepending summaries of previous failed or successful
@@ -260,10 +261,16 @@ def render_judge_prompt(
 # Parsing the judge's reply
 # ----------------------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript|js|python)?[ \t]*\n?(.*?)```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _PY_LITERALS = [(re.compile(r"([:\[,]\s*)" + a + r"\b"), r"\g<1>" + b) for a, b in (("true", "True"), ("false", "False"), ("null", "None"))]
 _MAX_CANDIDATES = 256
+# Bounds that keep parsing linear and json/ast away from pathological replies: the answer's length (about 4× the
+# paper's 4,096-token answer budget), the nesting of brackets inside an object, and how often the brace scan
+# starts over after a `{` that is never closed.
+_MAX_ANSWER_CHARS = 64_000
+_MAX_DEPTH = 32
+_MAX_RESTARTS = 8
+_SPECIAL = re.compile(r"[{}\[\]\"'\\]")
 
 
 def answer_text(text: str) -> str:
@@ -275,26 +282,52 @@ def answer_text(text: str) -> str:
     return text.strip()
 
 
-def _match_brace(text: str, start: int) -> int | None:
-    """Index one past the `}` that closes the `{` at `start` (strings in either quote style skipped), or None."""
-    depth, quote, i = 0, None, start
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+def _object_spans(text: str) -> tuple[list[tuple[int, int]], bool]:
+    """The `(start, end)` of every balanced `{...}` in `text`, by start, and whether brackets nest deeper than
+    `_MAX_DEPTH` inside one (then the spans found so far).
+
+    One left-to-right pass with a stack: inside braces, strings in either quote style are skipped (with backslash
+    escapes); outside, the text is prose (an apostrophe is no quote). A `{` left open at the end was prose too: the
+    pass is redone from just after it, at most `_MAX_RESTARTS` times (the last pass's spans are kept as found), so
+    the time is linear in `len(text)`.
+    """
+    spans: dict[int, int] = {}
+    begin = 0
+    for restart in range(_MAX_RESTARTS + 1):
+        stack: list[int] = []
+        found: dict[int, int] = {}
+        brackets, quote = 0, None
+        m = _SPECIAL.search(text, begin)
+        while m is not None:
+            i, c = m.start(), m.group()
+            if quote:
+                if c == "\\":
+                    i += 1
+                elif c == quote:
+                    quote = None
+            elif c == "{":
+                stack.append(i)
+            elif not stack:
+                pass
+            elif c in "\"'":
+                quote = c
+            elif c == "}":
+                found[stack.pop()] = i + 1
+                brackets = brackets if stack else 0
+            elif c == "[":
+                brackets += 1
+            elif c == "]":
+                brackets = max(brackets - 1, 0)
+            if len(stack) + brackets > _MAX_DEPTH:
+                return sorted(spans.items()), True
+            m = _SPECIAL.search(text, i + 1)
+        if not stack or restart == _MAX_RESTARTS:  # done, or the last pass: keep what it found
+            spans.update(found)
+            break
+        # Spans closed before the first unclosed `{` stand; the rest is scanned again with that `{` as prose.
+        spans.update((a, b) for a, b in found.items() if a < stack[0])
+        begin = stack[0] + 1
+    return sorted(spans.items()), False
 
 
 def _loads(candidate: str) -> Any:
@@ -303,7 +336,7 @@ def _loads(candidate: str) -> Any:
     for text in attempts:
         try:
             return json.loads(text, strict=False)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     py = attempts[1]
     for pattern, repl in _PY_LITERALS:
@@ -334,29 +367,27 @@ def parse_judge_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
     Tolerates a think block (only the text after the last `</think>` is read), code fences, text before or after
     the JSON, trailing commas and single-quoted (Python-literal) objects. Among several objects, the one with the
     most of the five judge keys wins (the later one on ties). Keys are lower-cased; a numeric `wrong_step_id`
-    string becomes an int.
+    string becomes an int. Bounded: an answer longer than `_MAX_ANSWER_CHARS` or nesting brackets deeper than
+    `_MAX_DEPTH` is (None, why) without any JSON parsing; the time is linear in the answer's length.
     """
     answer = answer_text(text)
     if not answer:
         return None, "empty answer" + (" (the think block was not closed)" if "</think>" not in text and text.strip() else "")
+    if len(answer) > _MAX_ANSWER_CHARS:
+        return None, f"the answer has {len(answer):,} characters, more than the {_MAX_ANSWER_CHARS:,} read"
+    spans, too_deep = _object_spans(answer)
+    if too_deep:
+        return None, f"the answer nests brackets more than {_MAX_DEPTH} levels deep"
     candidates: list[tuple[int, int, dict[str, Any]]] = []  # (known keys, position, fields)
-    for m in _FENCE.finditer(answer):
-        obj = _loads(m.group(1).strip())
-        if isinstance(obj, dict):
-            candidates.append((sum(k in _normalize(obj) for k in JUDGE_KEYS), m.start(), _normalize(obj)))
-    covered: list[tuple[int, int]] = []
-    starts = [i for i, c in enumerate(answer) if c == "{"][:_MAX_CANDIDATES]
-    for start in starts:
-        if any(a <= start < b for a, b in covered):
-            continue
-        end = _match_brace(answer, start)
-        if end is None:
+    covered_end = -1  # objects inside one already read are not read again
+    for start, end in spans[:_MAX_CANDIDATES]:
+        if start < covered_end:
             continue
         obj = _loads(answer[start:end])
         if isinstance(obj, dict):
             fields = _normalize(obj)
             candidates.append((sum(k in fields for k in JUDGE_KEYS), start, fields))
-            covered.append((start, end))
+            covered_end = end
     if not candidates:
         return None, "no JSON object in the answer"
     best = max(candidates, key=lambda c: (c[0], c[1]))
@@ -677,7 +708,7 @@ class InsightWriter:
 
         `seed` makes the judge's sampling reproducible (the answer phase uses seed + 1).
         """
-        if self.source == "verifier":
+        if self.source in ("verifier", "uninformative"):
             # No model runs; the judge context is still recorded (the judge-SFT ablations of Table 8 train on it).
             prompt = self.prompt_ids(failed)
             if failed.success and self.content != "strategy":
@@ -685,6 +716,9 @@ class InsightWriter:
             # Without the failed-test information (Table 3), the rule has no report to read: generic sentences.
             fields = verifier_fields(failed if self.with_report else dataclasses.replace(failed, report=""))
             insight, error = insight_from_fields(fields, self.content)
+            if insight and self.source == "uninformative":  # the control: same form and length, no information
+                insight = uninformative_insight(failed.task.env)(insight, failed.task, seed or 0)
+                fields = {**fields, "hint": insight}
             return Judgement(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer
         prompt = self.prompt_ids(failed)

@@ -520,10 +520,8 @@ class HFSource(Source):
     """An HF safetensors directory (text or VLM layout); tensors are read lazily from the shards."""
 
     def __init__(self, path: str | os.PathLike):
-        from safetensors import safe_open
-
         from rltldr_jax.models import Qwen35Config
-        from rltldr_jax.models.hf import _text_name, _weight_files
+        from rltldr_jax.models.hf import _text_name, _weight_files, open_safetensors
 
         path = os.fspath(path)
         self.label = path
@@ -535,7 +533,7 @@ class HFSource(Source):
             text = _text_name(stored)
             if text is not None:
                 self._where[text] = (file, stored)
-        self._safe_open = safe_open
+        self._open_safetensors = open_safetensors
         self.tensors = []
         missing, misshaped, used = [], [], set()
         for _, located, transform, ours, _ in _expected(self.config):
@@ -560,7 +558,7 @@ class HFSource(Source):
 
     def _handle(self, file: str):
         if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(self._safe_open(file, framework="numpy"))
+            self._handles[file] = self._stack.enter_context(self._open_safetensors(file))
         return self._handles[file]
 
     def _slice(self, name: str):
@@ -658,9 +656,15 @@ class OrbaxSource(Source):
             node_i, node_a = node_i.setdefault(p, {}), node_a.setdefault(p, {})
         node_i[parts[-1]] = jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype)
         node_a[parts[-1]] = ocp.RestoreArgs(restore_type=np.ndarray)
-        restored = self._checkpointer.restore(
-            self._params_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True)
-        )
+        try:
+            restored = self._checkpointer.restore(
+                self._params_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True)
+            )
+        except Exception as e:  # truncated or damaged files: TensorStore errors
+            from rltldr_jax.checkpoint import CorruptCheckpointError, error_reason
+
+            raise CorruptCheckpointError(f"checkpoint {self.label}: cannot read {leaf} ({error_reason(e)}); its files are "
+                                         "truncated or damaged") from e  # fmt: skip
         for p in parts:
             restored = restored[p]
         return np.asarray(restored)

@@ -82,7 +82,8 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
     from rltldr_jax.models import load_pretrained
 
     dtype = getattr(jnp, config.model.dtype)
-    model = load_pretrained(t.checkpoint, dtype=getattr(jnp, config.model.param_dtype), compute_dtype=dtype)
+    model = load_pretrained(t.checkpoint, dtype=getattr(jnp, config.model.param_dtype), compute_dtype=dtype,
+                            allow_nonfinite=config.model.allow_nonfinite)  # fmt: skip
     if t.tokenizer or os.path.isfile(os.path.join(t.checkpoint, "tokenizer.json")):
         tokenizer = load_tokenizer(t.tokenizer or t.checkpoint)
     else:

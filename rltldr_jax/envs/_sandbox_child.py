@@ -152,14 +152,32 @@ class _Stream(io.TextIOBase):
 # -------------------------------------------------------------------------------------------------- APIs
 
 
+#: Lists/dicts in API arguments nest at most this deep (the parent decodes them; far below its recursion limit).
+_MAX_API_NESTING = 100
+
+
 class ApiError(Exception):
     """An API call failed in the environment (the message is the environment's)."""
+
+
+def _nests_deeper(value, limit: int) -> bool:
+    """True if lists, tuples and dicts nest more than `limit` levels in `value` (depth first, without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            if depth > limit:
+                return True
+            stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _make_apis(channel: _Channel):
     """The `apis` proxy: `apis.<app>.<fn>(*args, **kwargs)` is answered by the parent's api_handler."""
 
     def call(app: str, fn: str, args: tuple, kwargs: dict):
+        if any(_nests_deeper(v, _MAX_API_NESTING) for v in (*args, *kwargs.values())):
+            raise ValueError(f"apis.{app}.{fn}(): arguments nest lists/dicts more than {_MAX_API_NESTING} levels deep")
         try:
             payload = json.dumps({"op": "api", "app": app, "fn": fn, "args": list(args), "kwargs": kwargs})
         except (TypeError, ValueError) as e:

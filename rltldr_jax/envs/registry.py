@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from rltldr_jax.envs.base import Env, Task
 from rltldr_jax.envs.sandbox import SandboxLimits
 
-ENV_NAMES = ("sapi", "leetcode", "appworld")
+ENV_NAMES = ("sapi", "leetcode", "appworld", "craft")
 
 # Our split names → AppWorld's (the paper trains on train+dev+test_normal filtered to hard tasks, §4.1, and
 # evaluates on test_challenge).
@@ -27,6 +31,10 @@ def load_tasks(name: str, split: str, *, seed: int = 0) -> list[Task]:
         from rltldr_jax.envs.sapi.tasks import generate_tasks
 
         return generate_tasks(split, seed=seed)
+    if name == "craft":
+        from rltldr_jax.envs import craft
+
+        return craft.generate_tasks(split, seed=seed)
     if name == "leetcode":
         from rltldr_jax.envs import leetcode
 
@@ -44,6 +52,10 @@ def make_env(name: str, *, step_timeout_s: float = 30.0, memory_limit_mb: int = 
         from rltldr_jax.envs.sapi.env import SapiEnv
 
         return SapiEnv(limits)
+    if name == "craft":  # plans are parsed, never executed: no sandbox
+        from rltldr_jax.envs.craft import CraftEnv
+
+        return CraftEnv()
     if name == "leetcode":
         from rltldr_jax.envs.leetcode import LeetCodeEnv
 
@@ -51,3 +63,37 @@ def make_env(name: str, *, step_timeout_s: float = 30.0, memory_limit_mb: int = 
     from rltldr_jax.envs.appworld import AppWorldEnv
 
     return AppWorldEnv(init_kwargs={"timeout_seconds": int(step_timeout_s)})
+
+
+def demonstrations(
+    name: str, *, insight_prob: float = 0.6, max_insights: int = 4
+) -> Callable[[np.random.Generator], tuple[Task, tuple[tuple[str, int], ...], str]]:
+    """The pretraining source of environment `name`: rng -> (task, insights in context as (text, number of the
+    failed attempt it names), the demonstrated action text).
+
+    Only the small-scale replication's world has one (`pretrain.steps > 0` needs it). `insight_prob` is the share
+    of demonstrations with insights in context, at most `max_insights` of them.
+    """
+    _check(name)
+    if name != "craft":
+        raise ValueError(f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs env.name='craft'")
+    from rltldr_jax.envs import craft
+
+    def draw(rng: np.random.Generator) -> tuple[Task, tuple[tuple[str, int], ...], str]:
+        demo = craft.demonstration(rng, insight_prob=insight_prob, max_insights=max_insights)
+        return demo.task, demo.insights, craft.plan_code(demo.plan)
+
+    return draw
+
+
+def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
+    """The control insight of environment `name` (insight.source = "uninformative", not in the paper):
+    (real insight, task, seed) -> a sentence of the same form and token length that carries no information about
+    the failure. Only the small-scale replication's world has one."""
+    _check(name)
+    if name != "craft":
+        raise ValueError(f"environment {name!r} has no uninformative control insights; insight.source='uninformative' "
+                         "needs env.name='craft'")  # fmt: skip
+    from rltldr_jax.envs import craft
+
+    return lambda insight, task, seed: craft.uninformative_insight(insight, task, seed)

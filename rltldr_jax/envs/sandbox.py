@@ -558,7 +558,7 @@ def _restart_message(status: str, code: int | None, limits: SandboxLimits) -> st
 def _parse_json(payload: bytes) -> dict:
     try:
         msg = json.loads(payload)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the child's proxy allows
         raise _ProtocolError(str(e)) from None
     if not isinstance(msg, dict):
         raise _ProtocolError("expected a JSON object")

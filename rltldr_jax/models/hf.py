@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from rltldr_jax.models.config import Qwen35Config
@@ -45,6 +45,45 @@ Path = tuple[str | int, ...]
 
 class CheckpointError(ValueError):
     """A checkpoint that does not match the architecture: the message lists what is missing/unexpected/mis-shaped."""
+
+
+#: How to load weights holding NaN/inf anyway (CorruptCheckpointError messages end with it).
+ALLOW_NONFINITE_HINT = (
+    "to load it anyway: allow_nonfinite=True (--config.model.allow_nonfinite=True; --allow_nonfinite of export_hf, serve)"
+)
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that cannot be read (truncated, garbled) or whose weights hold NaN/inf; the message names
+    the file (or the training checkpoint's step and item) and the fix."""
+
+
+@contextlib.contextmanager
+def open_safetensors(file: str) -> Iterator[Any]:
+    """`safe_open(file, framework="numpy")`, with an unreadable file (truncated, garbled header) raised as
+    CorruptCheckpointError naming it instead of safetensors' own error."""
+    try:
+        handle = safe_open(file, framework="numpy")
+    except SafetensorError as e:
+        raise CorruptCheckpointError(f"{file} is not a readable safetensors file ({e}): it is truncated or damaged; "
+                                     "download or export it again") from None  # fmt: skip
+    with handle as f:
+        yield f
+
+
+def check_finite(value: np.ndarray, what: str) -> None:
+    """Raises CorruptCheckpointError if the float array `value` (any shape) holds NaN or inf; `what` names it.
+
+    One float64 sum (no array-sized temporary): it is finite exactly when every element is.
+    """
+    if np.issubdtype(value.dtype, np.integer) or value.dtype == bool:
+        return
+    if not np.isfinite(np.sum(value, dtype=np.float64)):
+        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+        raise CorruptCheckpointError(
+            f"{what} holds {bad} NaN/inf values of {value.size}: the checkpoint is damaged or diverged; use another, or "
+            + ALLOW_NONFINITE_HINT
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,11 +147,14 @@ def _weight_files(path: str) -> dict[str, str]:
     index = os.path.join(path, INDEX_FILE)
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
+            try:
+                weight_map = json.load(f)["weight_map"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise CorruptCheckpointError(f"{index} is not a readable safetensors index ({e!r})") from None
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
     single = os.path.join(path, SINGLE_FILE)
     if os.path.isfile(single):
-        with safe_open(single, framework="numpy") as f:
+        with open_safetensors(single) as f:
             return {name: single for name in f.keys()}
     raise FileNotFoundError(f"no {INDEX_FILE} or {SINGLE_FILE} in {path!r}: not an HF safetensors checkpoint")
 
@@ -141,8 +183,11 @@ class _Reader(contextlib.ExitStack):
     def get(self, name: str) -> np.ndarray:
         file, stored = self.files[name]
         if file not in self._open:
-            self._open[file] = self.enter_context(safe_open(file, framework="numpy"))
-        return self._open[file].get_tensor(stored)
+            self._open[file] = self.enter_context(open_safetensors(file))
+        try:
+            return self._open[file].get_tensor(stored)
+        except SafetensorError as e:
+            raise CorruptCheckpointError(f"{file}: tensor {stored} cannot be read ({e}); download or export it again") from None
 
 
 def load_pretrained(
@@ -151,6 +196,7 @@ def load_pretrained(
     dtype=None,
     compute_dtype=jnp.float32,
     remat: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Qwen35:
     """A Qwen 3.5 model with the weights of an HF checkpoint directory.
 
@@ -159,12 +205,14 @@ def load_pretrained(
       dtype: parameter dtype to cast to; None keeps each tensor's stored dtype (e.g. bf16 weights, fp32 A_log).
       compute_dtype: activation dtype of the forward pass.
       remat: rematerialise blocks in the backward pass.
+      allow_nonfinite: accept tensors holding NaN/inf (by default they are CorruptCheckpointError).
 
     Returns:
       The model; called on int32 ids [B, T] it returns float32 logits [B, T, vocab].
 
     Raises:
       CheckpointError listing every missing, unexpected or mis-shaped tensor.
+      CorruptCheckpointError naming an unreadable file, or a tensor holding NaN/inf.
     """
     path = os.fspath(path)
     config = Qwen35Config.from_pretrained(path)
@@ -184,6 +232,9 @@ def load_pretrained(
                 continue
             expected = tuple(var.shape[2:] if stacked else var.shape)  # one layer's shape
             parts = {n: _to_ours(reader.get(n), transform) for n in flat_names}
+            if not allow_nonfinite:
+                for n, p in parts.items():
+                    check_finite(p, f"{reader.files[n][0]}: tensor {reader.files[n][1]}")
             wrong = [f"{n}: checkpoint {p.shape} ≠ expected {expected}" for n, p in parts.items() if p.shape != expected]
             if wrong:
                 misshaped += wrong

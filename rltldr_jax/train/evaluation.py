@@ -34,11 +34,13 @@ def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
     ]
 
 
-def eval_tasks(config: Any) -> list[Task]:
-    """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run."""
-    tasks = load_tasks(config.env.name, config.env.eval_split, seed=config.env.seed)
-    if config.eval.num_tasks:
-        tasks = TaskSource(tasks, seed=config.seed).take(min(config.eval.num_tasks, len(tasks)))
+def eval_tasks(config: Any, *, on_train_split: bool = False) -> list[Task]:
+    """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
+    `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""
+    split, n = (config.env.train_split, config.eval.train_num_tasks) if on_train_split else (config.env.eval_split, config.eval.num_tasks)
+    tasks = load_tasks(config.env.name, split, seed=config.env.seed)
+    if n:
+        tasks = TaskSource(tasks, seed=config.seed).take(min(n, len(tasks)))
     return list(tasks)
 
 
@@ -51,8 +53,9 @@ def evaluate(
     tag: int = 0,
     tasks: list[Task] | None = None,
     progress: bool = False,
+    prefix: str = "eval",
 ) -> tuple[dict[str, float], PhaseResult]:
-    """Runs the evaluation and returns (metrics under `eval/`, the attempts).
+    """Runs the evaluation and returns (metrics under `{prefix}/`, the attempts).
 
     Args:
       engine: the policy's engine (its current weights are evaluated).
@@ -63,6 +66,7 @@ def evaluate(
         with training phases (those use tags >= 0, evaluations -1 - tag).
       tasks: the tasks (default: `eval_tasks(config)`).
       progress: a progress bar.
+      prefix: the metrics' prefix ("eval" for held-out tasks, "eval_train" for the held-in evaluation).
     """
     tasks = eval_tasks(config) if tasks is None else tasks
     k = config.eval.attempts_per_task
@@ -71,7 +75,7 @@ def evaluate(
         group_size=k, exact_group_size=True, progress=progress,
     )  # fmt: skip
     result = collector.collect(tasks, phase=-1 - tag)
-    metrics = {f"eval/{name}": v for name, v in summarize(attempt_records(result), k).items()}
+    metrics = {f"{prefix}/{name}": v for name, v in summarize(attempt_records(result), k).items()}
     return metrics, result
 
 
@@ -93,7 +97,8 @@ def policy_for_eval(config: Any, checkpoint: str | None) -> tuple[Any, str, int 
         elif config.model.checkpoint:
             checkpoint = config.model.checkpoint
     if checkpoint is not None:
-        model, what = load_model(checkpoint, compute_dtype=dtype, param_dtype=getattr(jnp, config.model.param_dtype))
+        model, what = load_model(checkpoint, compute_dtype=dtype, param_dtype=getattr(jnp, config.model.param_dtype),
+                                 allow_nonfinite=config.model.allow_nonfinite)  # fmt: skip
         directory, step = split_step(checkpoint)
         if step is None and not os.path.isfile(os.path.join(directory, "config.json")):
             step = Checkpointer(directory, keep=None, async_save=False, create=False).latest_step()

@@ -9,15 +9,22 @@ insights inserted by the schedule; `phase_examples` turns attempts into one exam
 filters, masks); `batch.ppo_epochs` passes of jitted `train_step`s (shuffled each epoch); the new weights go to
 the engine with version = phase + 1. TensorBoard gets the deconfounded metrics with the environment-step count
 as x-axis (and tokens / walltime variants); checkpoints hold params, optimizer state, RNG, the task cursor and
-the counters, so `resume=True` continues where the run stopped.
+the counters, so `resume=True` continues where the run stopped (train/resume.py: a fresh run never reuses a
+workdir that holds one, changed config keys are logged and checked, what a killed phase left is moved aside).
+
+Each phase and evaluation logs one short line (train/report.py) through this module's logger at INFO (a caller
+running many Trainers silences them with `logging.getLogger("rltldr_jax.train.loop").setLevel(logging.WARNING)`)
+and appends every metric to `{workdir}/metrics.jsonl`. An optimizer step with a non-finite loss or gradient norm
+is skipped (train_step), warned about, and counted (`update/skipped_nonfinite`); `train.max_nonfinite_skips` in a
+row stop the run with NonFiniteError before the next checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,16 +34,18 @@ from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
 from rltldr_jax.agent.schedule import InsightSchedule
-from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
 from rltldr_jax.engines.factory import close_engine, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
 from rltldr_jax.tokenization import ContextBuilder
-from rltldr_jax.train.batching import pack, phase_examples
-from rltldr_jax.train.evaluation import attempt_records, evaluate
+from rltldr_jax.train.batching import Example, pack, phase_examples
+from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
+from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
+from rltldr_jax.train.resume import check_config_changes, move_aside, prepare_workdir, rollouts_from
 from rltldr_jax.train.summary import SummaryWriter
-from rltldr_jax.train.step import LossConfig, make_optimizer
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +55,43 @@ class Trainer:
 
     Args:
       config: a validated config (`configs.base.resolve`).
-      resume: continue from the latest checkpoint in the workdir, if any.
-      progress: progress bars for collection.
+      resume: continue from the newest intact checkpoint in the workdir (a damaged newer one is skipped with a
+        warning), if any. Rollout files, checkpoints and TensorBoard events the stopped run wrote after it are
+        moved aside or purged, so redone phases appear once. Without `resume` (or `restart`) a workdir that already
+        holds a run is refused (`RunExistsError`).
+      restart: start afresh, first moving a run in the workdir to `{workdir}.old-YYYYmmdd-HHMMSS`.
+      resume_step: resume from this checkpoint step (implies `resume`; no fallback).
+      allow_config_change: on resume, accept changes of keys that define what the run trains (loss, optimizer,
+        rollout, insight, env, model, seed, ...; `resume.RESUME_FREE_KEYS` lists those that may always change).
+      progress: progress bars for collection and the update.
     """
 
-    def __init__(self, config: Any, *, resume: bool = False, progress: bool = False):
+    def __init__(
+        self,
+        config: Any,
+        *,
+        resume: bool = False,
+        restart: bool = False,
+        resume_step: int | None = None,
+        allow_config_change: bool = False,
+        progress: bool = False,
+    ):
         self.config = config
         self.workdir = workdir_of(config)
-        os.makedirs(self.workdir, exist_ok=True)
+        resume = resume or resume_step is not None
+        prepare_workdir(self.workdir, resume=resume, restart=restart)
+        self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+        candidates: list[int] = []  # the checkpoint steps to resume from, in order of preference
+        if resume_step is not None:
+            candidates = [resume_step]
+        elif resume:
+            candidates = self.checkpoints.all_steps()[::-1]
+        self._allow_config_change, self._config_checked = allow_config_change, None
+        if candidates:  # a refused config change stops here, before anything expensive is built
+            try:
+                self._check_config(candidates[0], self.checkpoints.read_state(candidates[0])[2])
+            except CorruptCheckpointError:
+                pass  # the restore below falls back to an older step, or says what is wrong
         self.tokenizer = policy_tokenizer(config)
         self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking,
                                       insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
@@ -71,9 +109,8 @@ class Trainer:
         self.tokens = 0
         self.version = 0
         self.start_time = time.time()
-        self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
-        if resume and self.checkpoints.latest_step() is not None:
-            self._restore()
+        if resume:
+            self._resume(candidates, explicit=resume_step is not None)
         self.engine = policy_engine(config, self.update.model(), workdir=self.workdir, version=self.version)
         self.teacher, teacher_tokenizer = (None, None) if config.insight.schedule == "never" else teacher_engine(config)
         self.schedule = InsightSchedule.from_config(config)
@@ -86,7 +123,10 @@ class Trainer:
             group_size=config.rollout.group_size, workers_per_task=config.rollout.workers_per_task,
             insight_after=config.insight.after, exact_group_size=config.rollout.exact_group_size, progress=progress,
         )  # fmt: skip
-        self.summary = SummaryWriter(os.path.join(self.workdir, "tb"))
+        # On resume, TensorBoard discards what the stopped run logged after the restored counts.
+        self.summary = SummaryWriter(os.path.join(self.workdir, "tb"), resumed_at=self._resumed_at if resume else None)
+        self.metrics_log = MetricsLog(os.path.join(self.workdir, "metrics.jsonl"), keep_through_phase=self.phase)
+        self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_skips)
 
     @property
     def params(self) -> Any:
@@ -120,8 +160,14 @@ class Trainer:
             self.close()
 
     def run_phase(self) -> dict[str, float]:
-        """One collection + update phase; returns its metrics."""
+        """One collection + update phase; returns its metrics.
+
+        Raises:
+          CheckpointSaveError: the previous phase's checkpoint failed to save (checked before collecting, and
+            before updating), so no more compute is spent on a run that cannot be saved.
+        """
         c = self.config
+        self.checkpoints.check_saved()
         tasks = self.tasks.take(c.rollout.tasks_per_phase)
         t0 = time.time()
         result = self.collector.collect(tasks, self.phase)
@@ -135,8 +181,9 @@ class Trainer:
             sft_prefix=c.loss.lam > 0, judgements=result.judgements,
             judge_sft=c.loss.judge_sft_filter if c.loss.judge_sft_coef > 0 else None, seed=c.seed + self.phase,
         )  # fmt: skip
+        self.checkpoints.check_saved(wait=True)
         t0 = time.time()
-        update = self._update(examples)
+        update = update_phase(self.update, examples, c, phase=self.phase, guard=self.nonfinite, progress=self.progress)
         update_s = time.time() - t0
         t0 = time.time()
         self.version = self.phase + 1
@@ -160,38 +207,24 @@ class Trainer:
             "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),
         }  # fmt: skip
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
-        log.info("phase %d: %s", self.phase, json.dumps({k: round(v, 4) for k, v in metrics.items() if np.isfinite(v)}))
+        self.metrics_log.write("phase", self.phase, self.env_steps, metrics)
+        log.info(phase_line(self.phase, self.env_steps, metrics))
         if c.train.checkpoint_every and self.phase % c.train.checkpoint_every == 0:
             self.save()
         return metrics
 
-    def _update(self, examples) -> dict[str, float]:
-        """`ppo_epochs` passes of optimizer steps over the examples (shuffled per epoch); mean metrics."""
-        b = self.config.batch
-        if not examples:
-            return {"optimizer_steps": 0.0}
-        sums: dict[str, float] = {}
-        first: dict[str, float] = {}
-        n = 0
-        order_rng = np.random.default_rng([self.config.seed, self.phase])
-        for _ in range(b.ppo_epochs):
-            shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
-            for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
-                              pad_to_multiple=b.pad_to_multiple, max_len=self.config.rollout.max_context_tokens):  # fmt: skip
-                metrics = self.update.step(batch)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                if n == 0:  # before any update: the ratio is 1 up to the engine-vs-trainer mismatch
-                    first = {f"first_minibatch/{k}": float(metrics[k]) for k in ("clip_fraction", "importance_ratio", "logprob_gap")}
-                n += 1
-        return {**{k: v / n for k, v in sums.items()}, **first, "optimizer_steps": float(n)}
-
     def evaluate(self) -> dict[str, float]:
-        """Held-out tasks, `eval.attempts_per_task` attempts each, no insights: macro Pass@1 and Pass@K
-        (train/evaluation.py), logged at the current environment-step count."""
+        """Held-out tasks (and `eval.train_num_tasks` training tasks), `eval.attempts_per_task` attempts each, no
+        insights: macro Pass@1 and Pass@K (train/evaluation.py), logged at the current environment-step count."""
+        t0 = time.time()
         metrics, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress)
+        if self.config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
+            held_in, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase,
+                                  progress=self.progress, tasks=eval_tasks(self.config, on_train_split=True), prefix="eval_train")  # fmt: skip
+            metrics |= held_in
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
-        log.info("eval after phase %d: %s", self.phase, json.dumps({k: round(v, 4) for k, v in metrics.items() if np.isfinite(v)}))
+        self.metrics_log.write("eval", self.phase, self.env_steps, metrics)
+        log.info(eval_line(self.phase, metrics, attempts_per_task=self.config.eval.attempts_per_task, seconds=time.time() - t0))
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -199,22 +232,106 @@ class Trainer:
     def save(self) -> None:
         meta = {
             "phase": self.phase, "env_steps": self.env_steps, "tokens": self.tokens, "version": self.version,
-            "task_cursor": self.tasks.state(), "config": self.config.to_dict(),
+            "walltime": time.time() - self.start_time, "task_cursor": self.tasks.state(), "config": self.config.to_dict(),
         }  # fmt: skip
         self.checkpoints.save(self.phase, params=self.update.params, opt_state=self.update.opt_state, rng=self.rng, meta=meta,
                               model_config=self.model_config)  # fmt: skip
 
-    def _restore(self) -> None:
+    def _check_config(self, step: int, meta: dict[str, Any]) -> None:
+        """Logs the config changes since checkpoint `step` and refuses those that change what the run trains."""
+        if step != self._config_checked and "config" in meta:
+            check_config_changes(meta["config"], self.config.to_dict(), allow=self._allow_config_change, step=step)
+            self._config_checked = step
+
+    def _resume(self, candidates: list[int], *, explicit: bool) -> None:
+        """Restores the first intact checkpoint of `candidates` (newest first; a damaged one is skipped with a
+        warning unless it was asked for `explicit`ly), then moves aside what the stopped run wrote after it:
+        newer checkpoint steps and the rollout files of phases >= the restored one."""
         abstract_params, abstract_opt = self.update.abstract()  # restore straight into the mesh layout
-        restored = self.checkpoints.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
-        self.update.params, self.update.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
-        meta = restored.meta
-        self.phase, self.env_steps, self.tokens, self.version = meta["phase"], meta["env_steps"], meta["tokens"], meta["version"]
-        self.tasks.restore(meta["task_cursor"])
-        log.info("resumed from phase %d (%d environment steps)", self.phase, self.env_steps)
+        restored = None
+        for i, step in enumerate(candidates):
+            try:
+                restored = self.checkpoints.restore(step, abstract_params=abstract_params, abstract_opt_state=abstract_opt,
+                                                    allow_nonfinite=self.config.model.allow_nonfinite)  # fmt: skip
+                break
+            except CorruptCheckpointError as e:
+                if explicit:
+                    raise
+                nxt = f"step {candidates[i + 1]}" if i + 1 < len(candidates) else "nothing: no intact checkpoint is left"
+                log.warning("resume: %s; falling back to %s", e, nxt)
+        if candidates and restored is None:
+            raise CorruptCheckpointError(
+                f"no intact checkpoint in {os.fspath(self.checkpoints.directory)!r} (steps {sorted(candidates)} are all "
+                "damaged, see the warnings): start over with --restart (moves the run aside)"
+            )
+        step, walltime = -1, 0.0
+        if restored is not None:
+            step, meta = restored.step, restored.meta
+            self._check_config(step, meta)
+            self.update.params, self.update.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
+            self.phase, self.env_steps, self.tokens, self.version = meta["phase"], meta["env_steps"], meta["tokens"], meta["version"]
+            walltime = meta.get("walltime", 0.0)
+            self.start_time = time.time() - walltime  # the by_time/ axis continues
+            self.tasks.restore(meta["task_cursor"])
+            log.info("resumed from checkpoint step %d: phase %d, %d environment steps", step, self.phase, self.env_steps)
+        else:
+            log.warning("resume: no checkpoint in %s; starting from phase 0", os.fspath(self.checkpoints.directory))
+        self._resumed_at = (self.env_steps, self.tokens, walltime)
+        directory = os.fspath(self.checkpoints.directory)
+        steps = {name: name.split(".")[0] for name in sorted(os.listdir(directory))}  # "5", "5.orbax-checkpoint-tmp"
+        newer = [os.path.join(directory, name) for name, s in steps.items() if s.isdigit() and int(s) > step]
+        stale = newer + rollouts_from(self.workdir, self.phase)
+        if move_aside(self.workdir, stale, f"resume from phase {self.phase}: what the stopped run wrote after it") and newer:
+            self.checkpoints.close()  # orbax caches the step list: reopen without the moved steps
+            self.checkpoints = Checkpointer(directory, keep=self.config.train.keep_checkpoints)
 
     def close(self) -> None:
-        self.checkpoints.wait_until_finished()
-        self.summary.close()
-        for engine in (self.engine, self.teacher):
-            close_engine(engine)
+        try:
+            self.checkpoints.wait_until_finished()
+        finally:
+            self.summary.close()
+            for engine in (self.engine, self.teacher):
+                close_engine(engine)
+
+
+def update_phase(
+    update: ShardedUpdate, examples: Sequence[Example], config: Any, *, phase: int, guard: NonFiniteGuard, progress: bool = False
+) -> dict[str, float]:
+    """`batch.ppo_epochs` passes of optimizer steps over a phase's examples (shuffled per epoch, seeded by phase).
+
+    Returns the steps' mean metrics, the first minibatch's ratio diagnostics, `optimizer_steps`, and
+    `skipped_nonfinite` (a count: steps `train_step` skipped for a non-finite loss or gradient norm; the means
+    include their NaN/inf, so a phase with a skipped step shows it). `guard` raises NonFiniteError after too many
+    skips in a row.
+    """
+    b = config.batch
+    if not examples:
+        return {"optimizer_steps": 0.0, "skipped_nonfinite": 0.0}
+    sums: dict[str, float] = {}
+    first: dict[str, float] = {}
+    n = 0
+    order_rng = np.random.default_rng([config.seed, phase])
+    per_epoch = -(-len(examples) // (b.micro_batch_size * b.grad_accum_steps))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=b.ppo_epochs * per_epoch, desc=f"update {phase}", unit="step", leave=False)
+    try:
+        for _ in range(b.ppo_epochs):
+            shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
+            for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
+                              pad_to_multiple=b.pad_to_multiple, max_len=config.rollout.max_context_tokens):  # fmt: skip
+                metrics = {k: float(v) for k, v in update.step(batch).items()}
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                if n == 0:  # before any update: the ratio is 1 up to the engine-vs-trainer mismatch
+                    first = {f"first_minibatch/{k}": metrics[k] for k in ("clip_fraction", "importance_ratio", "logprob_gap")}
+                n += 1
+                if bar is not None:
+                    bar.update(1)
+                guard.record(metrics, f"phase {phase + 1}, optimizer step {n}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return {**{k: v / n for k, v in sums.items()}, **first, "optimizer_steps": float(n), "skipped_nonfinite": sums["skipped_nonfinite"]}

@@ -25,8 +25,9 @@ from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
 
 
 def workdir_of(config: Any) -> str:
-    """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}."""
-    return config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}")
+    """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}; absolute
+    (a relative one is taken against the current directory, as the launchers' config resolution does)."""
+    return os.path.abspath(config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}"))
 
 
 def policy_tokenizer(config: Any) -> Tokenizer:
@@ -52,7 +53,8 @@ def build_policy(config: Any) -> Any:
             "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); only the tiny preset starts from random weights"
         )
     if config.model.checkpoint:
-        return load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat)
+        return load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat,
+                               allow_nonfinite=config.model.allow_nonfinite)  # fmt: skip
     spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
     return spec.build(seed=config.seed)
 

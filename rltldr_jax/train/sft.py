@@ -33,7 +33,7 @@ from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.summary import SummaryWriter
-from rltldr_jax.train.step import LossConfig, make_optimizer
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
     summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
     steps, t0 = 0, time.time()
+    guard = NonFiniteGuard(config.train.max_nonfinite_skips)
     metrics: dict[str, float] = {"sft/examples": float(len(data.examples)), "sft/attempts": float(data.attempts),
                                  "sft/target_tokens": float(data.target_tokens)}  # fmt: skip
     try:
@@ -126,8 +127,10 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
             for batch in pack([data.examples[i] for i in order], micro_batch_size=b.micro_batch_size,
                               grad_accum_steps=b.grad_accum_steps, pad_to_multiple=b.pad_to_multiple,
                               max_len=config.rollout.max_context_tokens):  # fmt: skip
-                nll.append(float(update.step(batch)["sft_nll"]))
+                step_metrics = update.step(batch)
+                nll.append(float(step_metrics["sft_nll"]))
                 steps += 1
+                guard.record(step_metrics, f"epoch {epoch + 1}, optimizer step {steps}")
             metrics["sft/nll"] = float(np.mean(nll))
             summary.scalars({"sft/nll": metrics["sft/nll"], "sft/epoch": float(epoch + 1)}, steps, tokens=0, walltime=time.time() - t0)
             log.info("sft epoch %d/%d: nll %.4f", epoch + 1, s.epochs, metrics["sft/nll"])
@@ -141,7 +144,7 @@ def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
         finally:
             close_engine(engine)
         summary.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
-        metrics |= evaluation | {"sft/optimizer_steps": float(steps)}
+        metrics |= evaluation | {"sft/optimizer_steps": float(steps), "sft/skipped_nonfinite": float(guard.total)}
     finally:
         summary.close()
     return metrics

@@ -3,11 +3,15 @@
 Pure functions over (graphdef, params, opt_state), so the step can be jitted with explicit shardings and
 AOT-compiled from abstract shapes (benchmarks/plan_memory.py). The token counts of both loss terms are summed
 over the *whole* step batch before the first micro-batch, so accumulation and data parallelism give exactly
-the full-batch loss and gradient (see losses.py).
+the full-batch loss and gradient (see losses.py). A step whose loss or gradient norm is not finite changes nothing
+and says so (`skipped_nonfinite`); `NonFiniteGuard` counts such steps on the host and stops a run after too many in
+a row.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -17,6 +21,8 @@ from flax import nnx, struct
 
 from rltldr_jax.losses import grpo_loss, insight_sft_loss, rltldr_loss, safe_divide
 from rltldr_jax.models.qwen3_5 import sequence_logprobs
+
+log = logging.getLogger(__name__)
 
 
 @struct.dataclass
@@ -59,7 +65,8 @@ def make_optimizer(
     learning_rate: float, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
     grad_clip_norm: float = 1.0,
 ) -> optax.GradientTransformation:
-    """AdamW after global-norm clipping (Fig. 4: the clip at 1 fires on nearly every update)."""  # fmt: skip
+    """AdamW after global-norm clipping (Fig. 4: the clip at 1 fires on nearly every update); grad_clip_norm=0
+    means no clipping."""  # fmt: skip
     clip = optax.clip_by_global_norm(grad_clip_norm) if grad_clip_norm > 0 else optax.identity()
     return optax.chain(clip, optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
 
@@ -103,9 +110,12 @@ def train_step(
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Accumulates gradients over the A micro-batches of `batch`, then applies one optimizer update.
 
+    A step whose loss or gradient norm is not finite changes nothing: the parameters and the optimizer state
+    are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0).
+
     Returns:
       (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
-      entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap.
+      entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap, skipped_nonfinite.
     """
     judge_mask = jnp.zeros_like(batch.insight_mask) if batch.judge_mask is None else batch.judge_mask
     detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
@@ -128,8 +138,15 @@ def train_step(
     }  # fmt: skip
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # A non-finite loss or gradient (an infinite advantage, a -inf old logprob, an overflow) would make the
+    # parameters and AdamW's moments NaN for good: such a step keeps both as they were (a select, so the
+    # donated buffers are still updated in place).
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params, opt_state = jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
     metrics = {
         "loss": loss,
         "grpo_loss": safe_divide(aux["grpo_sum"], grpo_count),
@@ -139,10 +156,47 @@ def train_step(
         "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
         "entropy": safe_divide(aux["entropy_sum"], grpo_count),
         "logprob_gap": safe_divide(aux["trainer_logprob_sum"] - aux["sampler_logprob_sum"], grpo_count),
-        "grad_norm": optax.tree.norm(grads),
+        "grad_norm": grad_norm,
         "grpo_tokens": grpo_count,
         "sft_tokens": sft_count,
         "judge_sft_tokens": judge_count,
         "detached_examples": jnp.sum(detach & (jnp.sum(batch.action_mask, -1) > 0)).astype(jnp.float32),
+        "skipped_nonfinite": (~finite).astype(jnp.float32),
     }
     return params, opt_state, metrics
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm (config train.max_nonfinite_skips)."""
+
+
+class NonFiniteGuard:
+    """Watches the `skipped_nonfinite` metric of `train_step` on the host: warns loudly for every skipped step and
+    raises NonFiniteError after `limit` skipped steps in a row (0 = never). The trainers let it propagate before
+    their next checkpoint, so the latest checkpoint stays the last good state.
+
+    Attributes:
+      in_a_row: skipped steps since the last applied one.
+      total: skipped steps so far.
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row, self.total = limit, 0, 0
+
+    def record(self, metrics: Mapping[str, Any], where: str) -> None:
+        """Accounts for one step's metrics; `where` names the step in messages (e.g. "phase 3, step 2")."""
+        if not float(metrics["skipped_nonfinite"]):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        values = f"loss {float(metrics['loss'])}, gradient norm {float(metrics['grad_norm'])}"
+        stop = f"the run stops at {self.limit} in a row" if self.limit else "train.max_nonfinite_skips=0: never stops"
+        log.warning("%s: NON-FINITE %s: optimizer step SKIPPED, parameters and optimizer state unchanged "
+                    "(%d in a row; %s)", where, values, self.in_a_row, stop)  # fmt: skip
+        if self.limit and self.in_a_row >= self.limit:
+            raise NonFiniteError(
+                f"{self.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm (last at {where}: "
+                f"{values}); stopped without saving, the last checkpoint is intact. Look for infinite advantages or "
+                "logprobs, lower optim.learning_rate, or raise train.max_nonfinite_skips"
+            )

@@ -2,28 +2,46 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+#: (subdirectory of the log directory, tag prefix) of each x-axis: environment steps (the paper's), generated
+#: tokens, walltime seconds.
+AXES = (("", ""), ("by_tokens", "by_tokens/"), ("by_time", "by_time/"))
+
 
 class SummaryWriter:
     """TensorBoard scalars without TensorFlow (tensorboard's own event-file writer), each under three x-axes:
-    `{tag}` at the environment-step count (the paper's x-axis), `by_tokens/{tag}` at generated tokens, and
-    `by_time/{tag}` at walltime seconds."""
+    `{tag}` at the environment-step count (the paper's x-axis) in `logdir`, `by_tokens/{tag}` at generated tokens
+    in `logdir/by_tokens`, and `by_time/{tag}` at walltime seconds in `logdir/by_time`.
 
-    def __init__(self, logdir: str):
-        self._writer = EventFileWriter(logdir, flush_secs=10)
+    Each axis is its own TensorBoard run (directory), so that a resumed run can purge each at its own step:
+    with `resumed_at=(env_steps, tokens, walltime)` every axis gets a `SessionLog.START` event at the step after
+    the restored count, which makes TensorBoard (and `EventAccumulator`) discard the events the killed run logged
+    past its checkpoint; the redone phases then appear once.
+    """
+
+    def __init__(self, logdir: str, *, resumed_at: tuple[int, int, float] | None = None):
+        self._writers = [EventFileWriter(os.path.join(logdir, sub), flush_secs=10) for sub, _ in AXES]
+        if resumed_at is not None:
+            env_steps, tokens, walltime = resumed_at
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            for writer, step in zip(self._writers, (env_steps, tokens, int(walltime)), strict=True):
+                writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step) + 1, session_log=start))
+                writer.flush()
 
     def scalars(self, values: dict[str, float], env_steps: int, *, tokens: int, walltime: float) -> None:
         now = time.time()
-        for prefix, step in (("", env_steps), ("by_tokens/", tokens), ("by_time/", int(walltime))):
+        for writer, (_, prefix), step in zip(self._writers, AXES, (env_steps, tokens, int(walltime)), strict=True):
             summary = summary_pb2.Summary(
                 value=[summary_pb2.Summary.Value(tag=prefix + k, simple_value=float(v)) for k, v in values.items()]
             )
-            self._writer.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
-        self._writer.flush()
+            writer.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
+            writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        for writer in self._writers:
+            writer.close()

@@ -1,0 +1,162 @@
+"""Starting and resuming runs in a workdir without mixing or hiding anything.
+
+    prepare_workdir(workdir, resume=False, restart=False)     # refuses a workdir that holds a run (or moves it aside)
+    check_config_changes(saved_config, config.to_dict(), allow=False)   # on resume: logs and refuses changes
+    move_aside(workdir, paths, why)                           # leftovers of a killed phase, newer checkpoints
+
+Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to
+`{workdir}/discarded-YYYYmmdd-HHMMSS/` (same relative paths).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Config keys (a trailing "." means every key below) that may change when a run is resumed: where things go,
+#: how long it runs, how it is evaluated and served, how it is sharded, memory and logging. Every other key
+#: (seed, tokenizer, model.* but remat/allow_nonfinite, env.*, rollout.* but save_rollouts, insight.*, loss.*,
+#: optim.*, batch.* but pad_to_multiple, sft.*, mode, ...) defines what the run trains and may change only with
+#: `allow_config_change` (`--allow_config_change`).
+RESUME_FREE_KEYS = (
+    "name", "workdir", "train.", "eval.", "engine.", "mesh.", "model.remat", "model.allow_nonfinite",
+    "rollout.save_rollouts", "batch.pad_to_multiple",
+)  # fmt: skip
+
+
+#: Marks a config key that one side of a comparison does not have.
+MISSING = object()
+
+
+class RunExistsError(ValueError):
+    """A fresh run was asked for in a workdir that already holds a run."""
+
+
+class ConfigChangeError(ValueError):
+    """A resumed run's config changes keys that define what the run trains."""
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def run_contents(workdir: str) -> list[str]:
+    """What of a run `workdir` holds: "checkpoints", "rollouts" and/or "event files" (empty when none)."""
+    found = []
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        found.append("checkpoints")
+    rollouts = os.path.join(workdir, "rollouts")
+    if os.path.isdir(rollouts) and any(f.endswith(".jsonl") for f in os.listdir(rollouts)):
+        found.append("rollouts")
+    if any(f.startswith("events.out.tfevents") for _, _, files in os.walk(os.path.join(workdir, "tb")) for f in files):
+        found.append("event files")
+    return found
+
+
+def prepare_workdir(workdir: str, *, resume: bool, restart: bool) -> str | None:
+    """Makes `workdir` ready for a run; returns where an old run was moved (None if it was not).
+
+    A fresh run (`resume=False`) in a workdir that holds checkpoints, rollouts or event files is refused, so two
+    runs never mix; with `restart=True` the old run is moved to `{workdir}.old-YYYYmmdd-HHMMSS` first.
+
+    Raises:
+      RunExistsError: the workdir holds a run and neither `resume` nor `restart` was given.
+      ValueError: both were given.
+    """
+    if resume and restart:
+        raise ValueError("--resume continues the run in the workdir and --restart moves it aside: give one of them")
+    found = [] if resume else run_contents(workdir)
+    moved = None
+    if found:
+        if not restart:
+            raise RunExistsError(
+                f"{workdir} already holds a run ({', '.join(found)}): continue it with --resume, start over with "
+                f"--restart (moves it to {workdir}.old-<time>), or give a new --config.workdir"
+            )
+        moved = base = f"{workdir.rstrip(os.sep)}.old-{_stamp()}"
+        n = 0
+        while os.path.exists(moved):
+            n += 1
+            moved = f"{base}-{n}"
+        os.rename(workdir, moved)
+        log.warning("moved the previous run in %s to %s", workdir, moved)
+    os.makedirs(workdir, exist_ok=True)
+    return moved
+
+
+def move_aside(workdir: str, paths: Iterable[str], why: str) -> str | None:
+    """Moves `paths` (inside `workdir`) to `{workdir}/discarded-YYYYmmdd-HHMMSS/`, same relative paths, and logs
+    it; returns that directory (None when there was nothing to move)."""
+    paths = [p for p in paths if os.path.exists(p)]
+    if not paths:
+        return None
+    target = os.path.join(workdir, f"discarded-{_stamp()}")
+    for p in paths:
+        dest = os.path.join(target, os.path.relpath(p, workdir))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.rename(p, dest)
+    log.warning("%s: moved %s to %s", why, ", ".join(os.path.relpath(p, workdir) for p in paths), target)
+    return target
+
+
+def rollouts_from(workdir: str, phase: int) -> list[str]:
+    """The saved rollout files `rollouts/phase_NNNNN.jsonl` of phases >= `phase`."""
+    directory = os.path.join(workdir, "rollouts")
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in sorted(os.listdir(directory)):
+        index = name.removeprefix("phase_").removesuffix(".jsonl")
+        if name == f"phase_{index}.jsonl" and index.isdigit() and int(index) >= phase:
+            found.append(os.path.join(directory, name))
+    return found
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of every key that differs, sorted; `MISSING` marks a key one side
+    lacks. Values are compared as JSON gives them back (the saved config went through JSON: tuples are lists)."""
+    old = dict(_flat(saved))
+    new = dict(_flat(json.loads(json.dumps(dict(current), default=str))))
+    keys = sorted(old.keys() | new.keys())
+    return [(k, old.get(k, MISSING), new.get(k, MISSING)) for k in keys if old.get(k, MISSING) != new.get(k, MISSING)]
+
+
+def is_free(key: str) -> bool:
+    """Whether `key` may change on resume (`RESUME_FREE_KEYS`)."""
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in RESUME_FREE_KEYS)
+
+
+def check_config_changes(saved: Mapping[str, Any], current: Mapping[str, Any], *, allow: bool, step: int) -> None:
+    """Logs every key that differs between checkpoint step `step`'s saved config and the current one (old → new);
+    raises ConfigChangeError for changed values outside `RESUME_FREE_KEYS` unless `allow`. Keys only one side has
+    (added to or removed from the code since) are logged, never refused."""
+    changes = config_changes(saved, current)
+    for key, old, new in changes:
+        log.warning("resume: config %s changed: %s -> %s", key, _show(old), _show(new))
+    refused = [f"{k}: {o!r} -> {n!r}" for k, o, n in changes if MISSING not in (o, n) and not is_free(k)]
+    if refused and not allow:
+        raise ConfigChangeError(
+            f"resuming checkpoint step {step} with a changed config would change what the run trains ("
+            + "; ".join(refused)
+            + "): resume with the checkpoint's values, pass --allow_config_change to continue with the new ones, or "
+            "start a new run in another workdir"
+        )
+
+
+def _show(value: Any) -> str:
+    return "(no such key)" if value is MISSING else repr(value)

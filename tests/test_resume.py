@@ -1,0 +1,205 @@
+"""Runs in a workdir: a new run never mixes with an old one (refused, or the old one moved aside); a resumed run
+says what changed in its config and refuses changes to what it trains; it falls back past a damaged checkpoint,
+moves aside what the stopped run wrote after its checkpoint, and TensorBoard shows redone phases once; a failed
+checkpoint save stops the run before more compute; the README's first command works with relative paths from
+any directory (launch/train.py, through a checkpoint and --resume)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from configs import base
+from rltldr_jax.checkpoint import CheckpointSaveError, CorruptCheckpointError
+from rltldr_jax.train.loop import Trainer
+from rltldr_jax.train.resume import (
+    ConfigChangeError,
+    RunExistsError,
+    check_config_changes,
+    config_changes,
+    move_aside,
+    prepare_workdir,
+    rollouts_from,
+)
+from test_checkpoint import _failing_writes, _orbax_data_files
+from test_train_loop import _config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _touch(path) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The workdir: refuse, restart, leftovers, config changes (no model needed)
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", ["checkpoints/3/x", "rollouts/phase_00000.jsonl", "tb/by_time/events.out.tfevents.1.h"])
+def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
+    workdir = str(tmp_path / "run")
+    _touch(os.path.join(workdir, part))
+    refused = rf"^{re.escape(workdir)} already holds a run \(.*\): continue it with --resume, start over with --restart"
+    with pytest.raises(RunExistsError, match=refused):
+        Trainer(_config(workdir, 1))  # refused before anything is built or written
+    assert sorted(os.listdir(workdir)) == [part.split("/")[0]]
+    moved = prepare_workdir(workdir, resume=False, restart=True)  # what Trainer(restart=True) does first
+    assert moved.startswith(f"{workdir}.old-") and os.path.isfile(os.path.join(moved, part))
+    assert os.listdir(workdir) == []
+    _touch(os.path.join(workdir, part))
+    again = prepare_workdir(workdir, resume=False, restart=True)  # the same second: a distinct name
+    assert again != moved and os.path.isfile(os.path.join(again, part)) and os.path.isfile(os.path.join(moved, part))
+    assert prepare_workdir(workdir, resume=True, restart=False) is None  # --resume uses it as it is
+    with pytest.raises(ValueError, match="give one of them"):
+        prepare_workdir(workdir, resume=True, restart=True)
+    assert prepare_workdir(str(tmp_path / "other"), resume=False, restart=False) is None  # an empty workdir is fine
+
+
+def test_leftovers_are_moved_aside(tmp_path, caplog):
+    workdir = str(tmp_path)
+    for phase in range(4):
+        _touch(os.path.join(workdir, "rollouts", f"phase_{phase:05d}.jsonl"))
+    _touch(os.path.join(workdir, "rollouts", "notes.jsonl"))
+    stale = rollouts_from(workdir, 2)
+    assert [os.path.basename(p) for p in stale] == ["phase_00002.jsonl", "phase_00003.jsonl"]
+    with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
+        target = move_aside(workdir, stale, "resume from phase 2")
+    assert sorted(os.listdir(os.path.join(target, "rollouts"))) == ["phase_00002.jsonl", "phase_00003.jsonl"]
+    assert sorted(os.listdir(os.path.join(workdir, "rollouts"))) == ["notes.jsonl", "phase_00000.jsonl", "phase_00001.jsonl"]
+    assert "resume from phase 2: moved rollouts/phase_00002.jsonl, rollouts/phase_00003.jsonl to" in caplog.text
+    assert move_aside(workdir, [], "nothing") is None
+
+
+def test_config_changes_on_resume_are_logged_and_refused(caplog):
+    saved = _config("/w", 1).to_dict()
+    current = _config("/w", 5)
+    base.override(current, {"loss.lam": 0.1, "optim.learning_rate": 1e-3, "eval.num_tasks": 3, "engine.max_batch": 4})
+    saved["loss"]["retired_key"] = 1  # a key the code no longer has: logged, not refused
+    changes = {k: (o, n) for k, o, n in config_changes(saved, current.to_dict())}
+    assert changes["loss.lam"] == (0.5, 0.1) and changes["train.max_phases"] == (1, 5) and changes["eval.num_tasks"] == (1, 3)
+    assert len(changes) == 6
+    with caplog.at_level(logging.WARNING, logger="rltldr_jax"), pytest.raises(ConfigChangeError) as e:
+        check_config_changes(saved, current.to_dict(), allow=False, step=4)
+    assert str(e.value).startswith(
+        "resuming checkpoint step 4 with a changed config would change what the run trains (loss.lam: 0.5 -> 0.1; "
+        "optim.learning_rate: 0.0001 -> 0.001): resume with the checkpoint's values, pass --allow_config_change"
+    )
+    for line in ("config loss.lam changed: 0.5 -> 0.1", "config train.max_phases changed: 1 -> 5",
+                 "config engine.max_batch changed: 8 -> 4", "config loss.retired_key changed: 1 -> (no such key)"):  # fmt: skip
+        assert line in caplog.text
+    check_config_changes(saved, current.to_dict(), allow=True, step=4)  # --allow_config_change
+    base.override(current, {"loss.lam": 0.5, "optim.learning_rate": 1e-4})
+    check_config_changes(saved, current.to_dict(), allow=False, step=4)  # only keys free to change
+    base.override(current, {"rollout.group_size": 4})
+    with pytest.raises(ConfigChangeError, match=r"rollout\.group_size: 2 -> 4"):
+        check_config_changes(saved, current.to_dict(), allow=False, step=4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A killed run, resumed: fallback past a damaged checkpoint, leftovers, TensorBoard, a failed save
+# ----------------------------------------------------------------------------------------------------
+
+
+def _scalars(workdir: str) -> dict[str, list[int]]:
+    """Each scalar tag's steps as TensorBoard reads them (purges applied), over the three x-axis runs."""
+    out = {}
+    for axis in ("", "by_tokens", "by_time"):
+        events = EventAccumulator(os.path.join(workdir, "tb", axis)).Reload()
+        out |= {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's reads orphaned by the error
+def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
+    workdir = str(tmp_path / "run")
+    stopped = Trainer(_config(workdir, 1))
+    try:
+        stopped.save()  # step 0: the initial policy
+        first = stopped.run_phase()  # checkpoint 1, rollouts of phase 0, events at its step counts
+    finally:
+        stopped.close()
+    before = _scalars(workdir)
+    assert before["update/sft_nll"] == [first["rollout/counts/env_steps"]]
+    # Checkpoint 1 is damaged (as if the disk garbled it): asked for with resume_step it is an error; resume falls
+    # back to step 0, and what the stopped run wrote after step 0 moves aside.
+    data = _orbax_data_files(tmp_path / "run" / "checkpoints" / "1")[0]
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*: cannot read its arrays"):
+        Trainer(_config(workdir, 1), resume_step=1)
+    changed = _config(workdir, 1)
+    base.override(changed, {"loss.lam": 0.25})
+    with pytest.raises(ConfigChangeError, match=r"loss\.lam: 0\.5 -> 0\.25"):  # refused before anything is built
+        Trainer(changed, resume=True)
+    with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
+        resumed = Trainer(_config(workdir, 1), resume=True)
+    try:
+        assert "checkpoint step 1 in" in caplog.text and "falling back to step 0" in caplog.text
+        assert (resumed.phase, resumed.env_steps, resumed.version) == (0, 0, 0)
+        [discarded] = [d for d in os.listdir(workdir) if d.startswith("discarded-")]
+        assert os.listdir(os.path.join(workdir, discarded, "checkpoints")) == ["1"]
+        assert os.listdir(os.path.join(workdir, discarded, "rollouts")) == ["phase_00000.jsonl"]
+        assert os.listdir(os.path.join(workdir, "rollouts")) == [] and os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]
+        # The redone phase's checkpoint save fails (a full disk): the next phase stops before collecting anything.
+        with monkeypatch.context() as m:
+            _failing_writes(m)
+            redone = resumed.run_phase()
+            while resumed.checkpoints.saving():
+                time.sleep(0.05)
+        collected = []
+        monkeypatch.setattr(resumed.collector, "collect", lambda *a, **k: collected.append(1))
+        failed = r"saving checkpoint step 1 .* No space left on device.*newest saved checkpoint is step 0"
+        with pytest.raises(CheckpointSaveError, match=failed):
+            resumed.run_phase()
+        assert collected == [] and os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]  # no temporary directory
+    finally:
+        resumed.close()
+    # TensorBoard: the stopped run's points are purged (without the purge every tag would have its step twice).
+    after = _scalars(workdir)
+    assert after.keys() == before.keys() and all(len(steps) == 1 for steps in after.values()), after
+    assert after["update/sft_nll"] == [redone["rollout/counts/env_steps"]]
+    assert after["by_tokens/update/sft_nll"] == [redone["rollout/counts/tokens"]]
+    gc.collect()  # orbax's reads orphaned by the damaged checkpoint end here (their warning is filtered), not later
+
+
+# ----------------------------------------------------------------------------------------------------
+# The README's first command, from another directory, with relative paths
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_train_launcher_with_relative_paths_from_any_directory(tmp_path):
+    """launch/train.py run from a temporary directory with a relative config path and workdir: saves checkpoints
+    (orbax needs absolute paths), and --resume continues the same run."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    config = os.path.relpath(os.path.join(ROOT, "configs", "sapi.py"), cwd) + ":tiny"
+    overrides = [
+        "--config.workdir=runs/rel", "--config.rollout.tasks_per_phase=1", "--config.rollout.group_size=2",
+        "--config.rollout.exact_group_size=True", "--config.rollout.max_steps=2", "--config.rollout.max_think_tokens=4",
+        "--config.rollout.max_action_tokens=8", "--config.batch.ppo_epochs=1", "--config.eval.num_tasks=1",
+        "--config.eval.attempts_per_task=1",
+    ]  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    cache = os.environ.get("RLTLDR_TEST_XLA_CACHE", os.path.join(ROOT, ".pytest_cache", "xla"))
+    env |= {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
+    script = os.path.relpath(os.path.join(ROOT, "launch", "train.py"), cwd)
+    runs = []
+    for extra in (["--config.train.max_phases=1"], ["--config.train.max_phases=2", "--resume"]):
+        out = subprocess.run([sys.executable, script, f"--config={config}", *overrides, *extra], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(out)
+    checkpoints = cwd / "runs" / "rel" / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["1", "2"]
+    assert sorted(os.listdir(cwd / "runs" / "rel" / "rollouts")) == ["phase_00000.jsonl", "phase_00001.jsonl"]
+    assert "resumed from checkpoint step 1: phase 1" in runs[1].stderr
