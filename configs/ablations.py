@@ -5,7 +5,7 @@
     python launch/train.py --list_ablations
 
 Precedence: the preset, then the ablation, then `--config.KEY=VALUE` flags. Each entry names the row of the
-paper it reproduces (arXiv 2609.37633, tables in shared/reference/paper-details.md §6) and the paper's number.
+paper it reproduces (arXiv 2609.37633, Tables 1-3, 8, 9 and Fig. 4) and the paper's number.
 Entries with `mode="sft"` are the offline SFT baselines of Table 2 and run with `launch/sft.py`.
 
 Where the paper leaves a choice open, the entry's note says what is done here.

@@ -1,7 +1,6 @@
 """Every knob of RLTL;DR in one documented ConfigDict, with the paper's values as defaults.
 
-The defaults are the paper's SAPI/AppWorld setting (Table 4 and §3–A.4 of arXiv 2609.37633; see
-`shared/reference/paper-details.md`). Environment files (`sapi.py`, `appworld.py`, `leetcode.py`) start
+The defaults are the paper's SAPI/AppWorld setting (Table 4 and §3–A.4 of arXiv 2609.37633). Environment files (`sapi.py`, `appworld.py`, `leetcode.py`) start
 from `get_config()` and change what differs; `ablations.py` holds every table row as named overrides.
 
 Values the paper does not give are marked "not in the paper" with the choice made here.

@@ -1,6 +1,6 @@
 """Training checkpoints (orbax) and their export to HF safetensors.
 
-A checkpoint is everything a resumed run needs to continue exactly where it stopped (DESIGN.md §4):
+A checkpoint is everything a resumed run needs to continue exactly where it stopped:
 
     {directory}/{step}/
       params/      the model state (`nnx.split(model)[1]`), an orbax StandardSave pytree (tensorstore/OCDBT)

@@ -18,7 +18,7 @@ Two jobs, both on token ids:
        ...
        <|im_start|>assistant\\n<think>\\n{current step: think + action, as sampled}
 
-   Contract (DESIGN.md §4, "token in, token out"): sampled tokens are never re-tokenized. Actions enter
+   Contract ("token in, token out"): sampled tokens are never re-tokenized. Actions enter
    later contexts as the ids the engine produced; an earlier step's think trace is dropped on ids, by
    splitting at the last `</think>` and removing the newline tokens after it, as Qwen's chat template does
    on text. Masks come from provenance: `action_mask` marks the tokens sampled in the current step (the

@@ -1,6 +1,6 @@
 """The insight writer: after a failed attempt, a judge reads the rollout and the failed tests and writes a TL;DR.
 
-The paper (A.1, "Prompt 1"; `shared/reference/paper-details.md` §3): the failed rollout goes into the judge
+The paper (A.1, "Prompt 1"): the failed rollout goes into the judge
 prompt in a NEW conversation (one user message, to avoid contextual drag), with the task, the agent's actions,
 the observations (shortened if very long) and the verifier's failed tests. The judge first thinks (budget
 4096 tokens), then answers (budget 4096 tokens) with a JSON of five fields: `summary`, `feedback`,

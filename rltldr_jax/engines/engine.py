@@ -1,4 +1,4 @@
-"""The GenerationEngine protocol (DESIGN.md §4): token ids in, token ids and their logprobs out.
+"""The GenerationEngine protocol: token ids in, token ids and their logprobs out.
 
 Two implementations share it: the embedded `JaxEngine` (CPU, Colab, tests) and the SGLang gRPC client (GPU
 servers). Episodes call `await engine.generate(request)`; many are in flight at once and the engine batches

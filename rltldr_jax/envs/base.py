@@ -1,4 +1,4 @@
-"""What every environment provides (DESIGN.md §4): tasks, a resumable task order, and the Env protocol.
+"""What every environment provides: tasks, a resumable task order, and the Env protocol.
 
 An attempt at a task is: `goal = env.reset(task)`; then `env.step(code)` for each code block the agent writes,
 until `done`; then `env.verify()`. The verifier's report (the failed tests) is privileged: only the insight

@@ -1,6 +1,6 @@
 """Architecture presets: the Qwen 3.5 sizes and a tiny one for tests and CPU runs.
 
-Values from `shared/reference/qwen3_5.md` §1.2–1.3. Confirmation status:
+Values from the Qwen 3.5 model cards and config.json files. Confirmation status:
 - 9B: confirmed against a fixture of the real config and the parameter count (8,953,803,264 text params).
 - 4B, 2B, 0.8B: from third-party ports, not read from the official config.json. Unconfirmed: whether 2B
   and 4B tie their embeddings (taken as untied for 4B, tied for 2B like 0.8B, which is "reported" tied).

@@ -1,6 +1,6 @@
 """Qwen 3.5 (text) in Flax NNX, numerically matching transformers' `Qwen3_5ForCausalLM`.
 
-Architecture (shared/reference/qwen3_5.md §2): embeddings → `num_hidden_layers` pre-norm decoder layers, each
+Architecture (as transformers' `modeling_qwen3_5.py`): embeddings → `num_hidden_layers` pre-norm decoder layers, each
 a token mixer (Gated DeltaNet for `linear_attention`, gated GQA attention for `full_attention`) and a SwiGLU
 MLP → zero-centred RMSNorm → LM head (tied or not).
 
