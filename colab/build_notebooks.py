@@ -135,7 +135,7 @@ print(f"checkpoints of {WORKDIR}: steps {STEPS} (step 0 = the initial policy, st
 
 NB1 = [
     ("md", """\
-# RLTL;DR, small scale (1/3): train, watch the curves, evaluate
+# RLTL;DR, small scale (1/3): the replication, then one run up close
 
 [RLTL;DR](https://arxiv.org/abs/2609.37633) trains LLM agents with RL on tasks so hard that plain GRPO gets no
 reward signal. A task is attempted K times in a row; after each failed attempt the policy reads the verifier's
@@ -144,26 +144,65 @@ messages. The update is `L_GRPO + λ·L_SFT`, where `L_SFT` trains the insight t
 so the policy internalises what the insights say and no longer needs them at test time.
 
 What the paper reports (Qwen 3.5 9B, SAPI / AppWorld / LeetCode splits where Pass@128 = 0): GRPO stays at 0–1 %
-Pass@1; RLTL;DR reaches 12–13 % Pass@1 *without* insights in context (14–31 % with the insight-conditioned
-rollouts counted). On the 642-task SAPI split (Table 2): eval Pass@1 18.9 % with λ = 0.5, 13.2 % with λ = 0.
+Pass@1; RLTL;DR reaches 12–13 % Pass@1 *without* insights in context. On the 642-task SAPI split (Table 2): eval
+Pass@1 18.9 % with λ = 0.5, 13.2 % with λ = 0.
 
 This notebook:
 
-1. trains the `tiny` preset on CPU through the Python API: a tiny *random* Qwen 3.5 (8 layers of width 64 in
-   the 3:1 DeltaNet/attention pattern, with the real tokenizer and 248k-token vocabulary, 16M parameters) in our
-   SAPI-like world, with rule-based insights (about 8 minutes on 2 CPU cores);
-2. shows the logged metrics as a table and plots SFT NLL and Pass@1 against environment steps from the
-   TensorBoard event files;
-3. evaluates the final checkpoint on held-out tasks with `launch/eval.py`;
-4. optionally trains a real **Qwen 3.5 0.8B** from the Hugging Face hub on a Colab GPU or TPU.
+1. runs the **small-scale replication** (`configs/replicate.py:quick`): a 0.25M-parameter Qwen 3.5 pretrained from
+   scratch in a crafting world with hidden rules, then GRPO and RLTL;DR on the hard tasks (Pass@64 = 0 for the
+   base policy), and shows the table and the curves (minutes on a CPU);
+2. trains the `tiny` preset (a tiny *random* Qwen 3.5 in our SAPI-like world) one phase at a time through the
+   Python API, shows its metrics and TensorBoard curves, and evaluates it with `launch/eval.py`;
+3. optionally trains a real **Qwen 3.5 0.8B** from the Hugging Face hub on a Colab GPU or TPU.
 
 Notebook 2 measures how far the weights moved (Δθ, Table 7); notebook 3 analyses the saved rollouts and
-insights. A random tiny model does not solve tasks: what you can watch here is the machinery, and L_SFT
-lowering the NLL of the inserted insights."""),
+insights of part 2's run."""),
     ("md", SETUP_MD),
-    ("code", SETUP_CODE),
+    ("code", SETUP_CODE + SHOW_PNG_CODE),
     ("md", """\
-## 1. The configuration
+## 1. The replication: GRPO vs RLTL;DR where GRPO gets no signal
+
+The world (`rltldr_jax/envs/craft.py`): items are gathered (`gather("wood")`) or crafted from ingredients
+(`craft("torch")`); an attempt is one Python code block, the plan, one call per line. Three **hidden rules** — iron
+needs a torch, diamond a pickaxe, clay a shovel — are in no public text; only the verifier's failed test reveals
+them, and the rule-based insight writer turns it into the TL;DR, e.g. `Make sure that you have "torch" before
+gather("iron").` The policy (`replicate_xs`, the Qwen 3.5 architecture at width 64) is first pretrained from scratch
+on public-rule plans, some obeying made-up requirements written like insights, so it can act on an insight in
+context (never on a hidden rule). The hard tasks are those the public plan fails; held-out targets are never
+trained on.
+
+`run_replication` does what `python launch/replicate.py --config=configs/replicate.py:quick` does: per seed,
+pretraining (cached), the base policy's checks (App. B: i.i.d. Pass@64 on the hard tasks must be 0; the
+insight exploration curves of Fig. 11), then every arm as an ordinary `Trainer` run, and the report. The full grid
+(every arm of Table 2's λ question, 3 seeds, hours on 2 CPU cores) is `--config=configs/replicate.py`; the `gpu`
+preset (a 14M-parameter policy, 10 seeds) is `--config=configs/replicate.py:gpu` on a GPU runtime."""),
+    ("code", '''\
+from configs import replicate
+from rltldr_jax.replication.driver import run_replication
+
+PRESET = "smoke" if TEST_MODE else "quick"  # test mode: seconds, nothing meaningful learned
+ARMS = replicate.GRIDS[PRESET][0]
+REPLICATE_OUT = os.path.join(REPO_ROOT, "runs", f"colab-replicate-{PRESET}")
+grid = {(arm, 0): replicate.arm_config(PRESET, arm, 0, {"pretrain.cache_dir": os.path.join(REPLICATE_OUT, "pretrained")})
+        for arm in ARMS}
+for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
+    logging.getLogger(name).setLevel(logging.WARNING)  # one summary line per run instead of one per phase
+paths = run_replication(grid, REPLICATE_OUT, title=f"Small-scale replication ({PRESET})",
+                        checks=replicate.CHECKS[PRESET], progress=not TEST_MODE)
+print(open(os.path.join(REPLICATE_OUT, "results.md")).read())
+show_png(os.path.join(REPLICATE_OUT, "curves.png"), width=10)
+show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
+'''),
+    ("md", """\
+## 2. One run up close: the `tiny` preset, phase by phase
+
+The rest of this notebook (and notebooks 2 and 3) works on one small run of the paper's SAPI-like setting, to show
+the machinery: the configuration, `Trainer.run_phase()`, the logged metrics, TensorBoard, checkpoints and
+`launch/eval.py`. Its policy is a tiny *random* Qwen 3.5 with the real 248k-token vocabulary (about 8 minutes on 2
+CPU cores): it never solves a task, so what moves is L_SFT lowering the NLL of the inserted insights."""),
+    ("md", """\
+### 2.1 The configuration
 
 `configs/sapi.py` holds the paper's SAPI setup; its `tiny` preset (`configs/base.py:apply_tiny`) shrinks it to a
 tiny random Qwen 3.5 on the embedded JAX engine: 3 phases of 2 tasks × ≥ 4 attempts, at most 3 actions of
@@ -196,7 +235,7 @@ for key in ("model.preset", "env.name", "train.max_phases", "rollout.tasks_per_p
     print(f"{key:28} {base.get(config, key)}")
 '''),
     ("md", """\
-## 2. Train
+### 2.2 Train
 
 `Trainer(config)` builds everything from the config: the model, the optimizer and its sharding, the engine,
 the task source, the insight writer and schedule, the collector, checkpoints and TensorBoard. `run_phase()` runs
@@ -246,7 +285,7 @@ finally:
     trainer.close()
 '''),
     ("md", """\
-## 3. The metrics of each phase
+### 2.3 The metrics of each phase
 
 The rollout metrics are the paper's *deconfounded* ones (App. D): `pass@1/all` counts every attempt,
 `pass@1/no_insight` only attempts without insights in context (what the policy can do on its own, the number the
@@ -267,7 +306,7 @@ print_table([final_eval], ["eval/counts/attempts", "eval/pass@1/all", f"eval/pas
             ["eval attempts", "eval Pass@1", f"eval Pass@{config.eval.attempts_per_task}"])
 '''),
     ("md", """\
-## 4. Curves from the TensorBoard event files
+### 2.4 Curves from the TensorBoard event files
 
 The trainer writes its scalars with TensorBoard's own event writer (no TensorFlow) to `{WORKDIR}/tb`, with the
 **environment-step count** as the x-axis (the paper's x-axis; the runs `tb/by_tokens` and `tb/by_time` hold the same
@@ -305,7 +344,7 @@ plt.close(fig)
 print(f"{len(TAGS)} scalar tags, e.g. {sorted(t for t in TAGS if not t.startswith('by_'))[:6]}")
 '''),
     ("md", """\
-## 5. Held-out evaluation with `launch/eval.py`
+### 2.5 Held-out evaluation with `launch/eval.py`
 
 `launch/eval.py` evaluates any checkpoint (a run's `checkpoints:N`, or an HF directory) on the held-out split:
 exactly `eval.attempts_per_task` attempts per task, no insights; macro Pass@1 and Pass@K (the paper uses 8
@@ -329,7 +368,7 @@ print("successes per task:", saved["per_task"])
 print(f"Pass@1: launch/eval.py {report['metrics']['eval/pass@1/all']:.3f}, trainer {final_eval['eval/pass@1/all']:.3f}")
 '''),
     ("md", """\
-## 6. A real model: Qwen 3.5 0.8B on a Colab GPU or TPU
+## 3. A real model: Qwen 3.5 0.8B on a Colab GPU or TPU
 
 The same loop runs a real checkpoint. `Qwen/Qwen3.5-0.8B` is the smallest Qwen 3.5 (24 layers, hidden size
 1024, tied embeddings; `model.preset=qwen3_5_0_8b`); its weights come from the Hugging Face hub

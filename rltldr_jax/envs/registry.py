@@ -86,6 +86,18 @@ def demonstrations(
     return draw
 
 
+def world_fingerprint(name: str) -> str:
+    """A hash of the source that generates environment `name`'s tasks and demonstrations: caches of what was
+    pretrained on them (train/pretrain.py) are invalid once it changes."""
+    _check(name)
+    import hashlib
+    import importlib
+    import inspect
+
+    module = importlib.import_module({"sapi": "rltldr_jax.envs.sapi.tasks", "craft": "rltldr_jax.envs.craft"}.get(name, f"rltldr_jax.envs.{name}"))
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:12]
+
+
 def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
     """The control insight of environment `name` (insight.source = "uninformative", not in the paper):
     (real insight, task, seed) -> a sentence of the same form and token length that carries no information about

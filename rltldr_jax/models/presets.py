@@ -37,17 +37,17 @@ PRESETS: dict[str, Qwen35Config] = {
     ),
     # From-scratch policies of the small-scale replication (configs/replicate.py): the same 3:1 pattern of DeltaNet and
     # gated attention, GQA and grouped value heads, with the 512-id vocabulary of the replication's own tokenizer.
-    "replicate_xs": Qwen35Config(  # 0.2M parameters: the `quick` preset and the tests
+    "replicate_xs": Qwen35Config(  # 0.25M parameters: configs/replicate.py (CPU presets) and the tests
         vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=16, tie_word_embeddings=True, max_position_embeddings=2048,
     ),
-    "replicate_s": Qwen35Config(  # 0.8M parameters: the CPU grid
+    "replicate_s": Qwen35Config(  # 0.9M parameters: a larger CPU policy
         vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
         linear_value_head_dim=32, tie_word_embeddings=True, max_position_embeddings=2048,
     ),
-    "replicate_m": Qwen35Config(  # 13M parameters: the `gpu` preset
+    "replicate_m": Qwen35Config(  # 14M parameters: the `gpu` preset
         vocab_size=512, hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
         num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=48,
         linear_value_head_dim=48, tie_word_embeddings=True, max_position_embeddings=2048,

@@ -149,13 +149,21 @@ class Trainer:
         return bool((t.env_step_budget and self.env_steps >= t.env_step_budget) or (t.max_phases and self.phase >= t.max_phases))
 
     def run(self) -> None:
+        """Phases until the budget is spent (evaluating every `eval.every` phases); a run always ends with an
+        evaluation and a checkpoint of its last phase."""
         try:
+            every = self.config.eval.every
+            evaluated = -1
             while not self.done():
                 self.run_phase()
-                if self.config.eval.every and self.phase % self.config.eval.every == 0:
+                if every and self.phase % every == 0:
                     self.evaluate()
-            if not self.config.eval.every:
+                    evaluated = self.phase
+            if evaluated != self.phase:
                 self.evaluate()
+            self.checkpoints.wait_until_finished()  # (a save in flight is not listed yet)
+            if self.phase and self.checkpoints.latest_step() != self.phase:
+                self.save()
         finally:
             self.close()
 

@@ -63,9 +63,13 @@ def eval_line(phase: int, metrics: Mapping[str, float], *, attempts_per_task: in
     """The one-line summary of an evaluation (`train/evaluation.evaluate`'s `eval/` metrics)."""
     k = attempts_per_task
     tasks = metrics.get("eval/counts/tasks", NAN)
+    held_in = ""
+    if "eval_train/pass@1/all" in metrics:  # the held-in evaluation (eval.train_num_tasks)
+        held_in = (f" | training tasks: pass@1 {fmt(metrics['eval_train/pass@1/all'])}, pass@{k} "
+                   f"{fmt(metrics.get(f'eval_train/pass@{k}/all', NAN))} ({fmt(metrics.get('eval_train/counts/tasks', NAN), '.0f')} tasks)")  # fmt: skip
     return (
         f"eval after phase {phase}: pass@1 {fmt(metrics.get('eval/pass@1/all', NAN))}, pass@{k} "
-        f"{fmt(metrics.get(f'eval/pass@{k}/all', NAN))} ({fmt(tasks, '.0f')} tasks × {k} attempts, {seconds:.1f} s)"
+        f"{fmt(metrics.get(f'eval/pass@{k}/all', NAN))} ({fmt(tasks, '.0f')} tasks × {k} attempts{held_in}, {seconds:.1f} s)"
     )
 
 

@@ -1,0 +1,107 @@
+"""The small-scale replication: every (arm, seed) of a grid as its own training run, then the table and the curves.
+
+    python launch/replicate.py --config=configs/replicate.py:quick              # grpo vs rltldr, 1 seed (minutes)
+    python launch/replicate.py --config=configs/replicate.py                    # the full grid, 3 seeds (hours)
+    python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
+    python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
+
+Per seed: pretrain the policy from scratch (cached in `{out}/pretrained` by a hash of its settings), check the
+base policy before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks must be 0; insight-conditioned
+success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`) as an ordinary `Trainer` run in
+`{out}/runs/{arm}-s{seed}`. Runs are resumable: a finished run is skipped, a stopped one continues from its last
+checkpoint, so rerunning the command only does what is missing. `sftldr` trains offline on the saved rollouts of
+the same seed's `rltldr` run (which is added to the grid if missing).
+
+Writes to `--out` (default `runs/replicate`, `runs/replicate-{preset}` for the other presets):
+results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
+replication's numbers, and the base checks), curves.png (no-insight Pass@1 against environment steps, held-in and
+held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+
+from absl import app, flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
+
+from ml_collections import config_flags  # noqa: E402
+
+from configs import base  # noqa: E402
+from launch.common import define_path, parse_flags, quiet_logging  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(REPO_ROOT, "configs", "replicate.py"), "configs/replicate.py[:PRESET] (default, quick, gpu, smoke).",
+    lock_config=True,
+)  # fmt: skip
+_ARMS = flags.DEFINE_string("arms", None, "Comma-separated arms (default: the preset's; configs/replicate.py ARMS lists them).")
+_SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
+_OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
+
+
+def _grid_module(filename: str):
+    """The config file as a module; it must define the grid (`ARMS`, `GRIDS`, `arm_config`)."""
+    spec = importlib.util.spec_from_file_location("replicate_config", filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not all(hasattr(module, name) for name in ("ARMS", "GRIDS", "arm_config")):
+        sys.exit(f"error: {filename} defines no replication grid (ARMS, GRIDS, arm_config): use --config=configs/replicate.py[:PRESET]")
+    return module
+
+
+def _csv(value: str | None, what: str, cast=str) -> list:
+    items = [v.strip() for v in (value or "").split(",") if v.strip()]
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        sys.exit(f"error: --{what}={value!r}: give a comma-separated list, e.g. --{what}=0,1,2")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --arms=grpo,rltldr")
+    filename, _, preset = flags.FLAGS["config"].config_filename.partition(":")
+    grid = _grid_module(filename)
+    preset = preset or "default"
+    if preset not in grid.GRIDS:
+        sys.exit(f"error: unknown preset {preset!r}; choose one of {', '.join(grid.GRIDS)}")
+    default_arms, default_seeds = grid.GRIDS[preset]
+    arms = _csv(_ARMS.value, "arms") or list(default_arms)
+    seeds = _csv(_SEEDS.value, "seeds", int) or list(default_seeds)
+    unknown = [a for a in arms if a not in grid.ARMS]
+    if unknown:
+        sys.exit(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(grid.ARMS)}")
+    out = _OUT.value or os.path.abspath(os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}"))
+    overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+    overrides.setdefault("pretrain.cache_dir", os.path.join(out, "pretrained"))
+    try:
+        configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for seed in seeds for arm in arms}
+        if any(c.mode == "sft" for c in configs.values()) and "rltldr" not in arms:  # offline arms read its rollouts
+            configs |= {("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides) for seed in seeds}
+    except base.ConfigError as e:
+        sys.exit(f"error: {e}")
+    quiet_logging()
+    if not _VERBOSE.value:
+        for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    from rltldr_jax.replication.driver import run_replication
+
+    interactive = sys.stderr.isatty()
+    paths = run_replication(configs, out, title=f"Small-scale replication ({preset})", checks=getattr(grid, "CHECKS", {}).get(preset),
+                            progress=interactive, echo=print)  # fmt: skip
+    print(f"\nresults in {out}:")
+    for p in paths:
+        print(f"  {p}")
+    print(f"next:\n  tensorboard --logdir {os.path.join(out, 'runs')}\n  cat {os.path.join(out, 'results.md')}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

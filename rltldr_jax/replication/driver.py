@@ -1,0 +1,144 @@
+"""The whole replication in one call (what `launch/replicate.py` and the Colab notebook run).
+
+    configs = {(arm, seed): configs.replicate.arm_config(preset, arm, seed) for ...}
+    paths = run_replication(configs, "runs/replicate")     # results.csv, results.md, curves.png, insight_curves.png
+
+Per seed: the pretrained policy (`train.pretrain`, cached), the base checks (`replication.checks`, cached in
+`{out}/base/s{seed}/checks.json`), then every run of the grid (`replication.grid`, resumable), then the report
+(`replication.report`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from rltldr_jax.agent.collector import PhaseResult
+from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, write_curves
+from rltldr_jax.replication.checks import base_checks
+from rltldr_jax.replication.grid import plan_runs, run_one
+from rltldr_jax.replication.report import write_results
+from rltldr_jax.train.pretrain import ensure_pretrained
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def _at_k(checks: Mapping[str, float], prefix: str) -> tuple[int, float]:
+    """(k, value) of the largest k among `checks[f"{prefix}@k"]`."""
+    k = max(int(key.rsplit("@", 1)[1]) for key in checks if key.startswith(prefix + "@") and key.rsplit("@", 1)[1].isdigit())
+    return k, checks[f"{prefix}@{k}"]
+
+
+def checks_line(checks: Mapping[str, float]) -> str:
+    """The base checks in one line (Pass@k in %)."""
+    k_iid, iid = _at_k(checks, "iid_pass")
+    k_seq, seq = _at_k(checks, "sequential_pass")
+    return (
+        f"i.i.d. Pass@{k_iid} {_pct(iid)} % on hard training tasks | with insights in context: Pass@1 "
+        f"{_pct(checks['sequential_pass@1_insight'])} %, sequential Pass@{k_seq} {_pct(seq)} % | no-insight Pass@1: "
+        f"held-in {_pct(checks['heldin_pass@1'])} %, held-out {_pct(checks['heldout_pass@1'])} %, public-rule tasks "
+        f"{_pct(checks.get('easy_pass@1', math.nan))} %"
+    )
+
+
+def seed_checks(
+    config: Any, out: str, *, progress: bool = False, **sizes: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """The base checks of one seed's pretrained policy (computed once, then read from `{out}/checks.json`);
+    returns (checks, Pass@k curve per mode). `sizes` go to `base_checks` (iid_samples, num_tasks)."""
+    path = os.path.join(out, "checks.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        return saved["checks"], saved["curves"]
+    c = copy.deepcopy(config)
+    c.workdir = out
+    checks, curves = base_checks(c, progress=progress, max_k=config.rollout.group_size, **sizes)
+    write_curves(curves, out)
+    saved = {"checks": checks, "curves": {m: [float(x) for x in r.pass_at_k] for m, r in curves.items()},
+             "n_tasks": {m: r.n_tasks for m, r in curves.items()}, "checkpoint": config.model.checkpoint}  # fmt: skip
+    os.makedirs(out, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(saved, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return checks, saved["curves"]
+
+
+def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -> dict[str, CurveResult]:
+    """Fig. 11 averaged over seeds (each seed's curve is over its own base policy and the same tasks)."""
+    out = {}
+    for mode in MODES:
+        per_seed = [np.asarray(c[mode]) for c in curves.values() if mode in c]
+        if per_seed:
+            k = min(len(p) for p in per_seed)
+            mean = np.mean([p[:k] for p in per_seed], axis=0)
+            out[mode] = CurveResult(mode, mean, n_tasks, np.full(k, np.nan), PhaseResult((), ()))
+    return out
+
+
+def run_replication(
+    configs: Mapping[tuple[str, int], Any],
+    out: str,
+    *,
+    title: str = "",
+    checks: Mapping[str, int] | None = None,
+    progress: bool = False,
+    echo: Callable[[str], None] = print,
+) -> list[str]:
+    """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report; returns the
+    paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks). Every step is cached or
+    resumable, so a second call only does what is missing."""
+    configs = dict(configs)
+    seeds = sorted({s for _, s in configs})
+    base: dict[int, dict[str, float]] = {}
+    curves: dict[int, dict[str, list[float]]] = {}
+    t0 = time.time()
+    for seed in seeds:
+        keys = [k for k in configs if k[1] == seed]
+        t = time.time()
+        pretrained = ensure_pretrained(configs[keys[0]], progress=progress)
+        for k in keys:
+            configs[k] = copy.deepcopy(configs[k])
+            configs[k].model.checkpoint = pretrained.model.checkpoint
+        echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)")
+        t = time.time()
+        found, seed_curves = seed_checks(pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {}))
+        base[seed], curves[seed] = found, seed_curves
+        echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(found)}")
+    runs = plan_runs(configs, out)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(runs), desc="grid", unit="run")
+    summaries = []
+    try:
+        for run in runs:
+            t = time.time()
+            summary = run_one(run)
+            summaries.append(summary)
+            note = f" (= {run.shared_with})" if run.shared_with else ""
+            echo(
+                f"{run.arm}{note} seed {run.seed}: no-insight Pass@1 train {_pct(summary['train_pass1_no_insight'])} %, "
+                f"held-out {_pct(summary['heldout_pass1_no_insight'])} % | with insights {_pct(summary['train_pass1_insight'])} % | "
+                f"{summary['env_steps']:,} env steps | {(time.time() - t) / 60:.1f} min"
+            )
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    paths = write_results(summaries, base, out, title=title)
+    n_tasks = int(next(iter(configs.values())).eval.num_tasks)
+    paths.append(plot_curves(mean_curves(curves, n_tasks), os.path.join(out, "insight_curves.png")))
+    echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
+    return paths

@@ -1,0 +1,145 @@
+"""The replication's outputs: results.csv (one row per arm and seed), results.md (mean ± std over seeds, next to
+the paper's and a third-party toy replication's numbers), curves.png (no-insight Pass@1 against environment steps)
+and insight_curves.png (Fig. 11 on the base policy).
+
+    write_results(summaries, base, out)       # summaries: run_one's dicts; base: {seed: base_checks dict}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
+from rltldr_jax.replication.grid import read_metrics
+
+COLUMNS = ("arm", "seed", "train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight", "env_steps",
+           "walltime_s", "lam", "workdir")  # fmt: skip
+
+#: Reference numbers: (train, eval) no-insight Pass@1 in %. The paper: Table 2 (642-task SAPI split, Qwen 3.5 9B;
+#: GRPO from §4.2, "stays at 0-1 %"). The toy: a third-party replication (avikds, a 0.12M-parameter transformer in a
+#: hidden-rule crafting world, one seed, held-out targets as eval).
+PAPER = {"grpo": "0-1 / 0-1", "lambda_0.5": "21.5 / 18.9", "lambda_0": "6.1 / 13.2", "lambda_0.01": "9.3 / 14.0",
+         "sft_only": "20.0 / 17.0", "sftldr": "17.8 / 16.8"}  # fmt: skip
+TOY = {"grpo": "0.0 / 0.0", "lambda_0": "64.0 / 51.0", "lambda_0.03": "73.2 / 53.8", "lambda_0.5": "0.0 / 1.0",
+       "sftldr": "0.0 / 0.0"}  # fmt: skip
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float, int]:
+    v = [x for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
+    if not v:
+        return math.nan, math.nan, 0
+    return float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v)
+
+
+def _pct(mean: float, std: float, n: int) -> str:
+    if n == 0:
+        return "n/a"
+    return f"{100 * mean:.1f} ± {100 * std:.1f}" if n > 1 else f"{100 * mean:.1f}"
+
+
+def arm_order(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Arms in the order they first appear."""
+    return list(dict.fromkeys(s["arm"] for s in summaries))
+
+
+def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]]) -> str:
+    """The markdown table: per arm, mean ± std over seeds (Pass@1 in %), with the paper's and the toy's numbers."""
+    lines = [
+        "| arm | seeds | train no-insight Pass@1 | held-out no-insight Pass@1 | train Pass@1 with insights | env steps | "
+        "minutes | paper (train / eval) | toy (train / held-out) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    if base:
+        tr, ho = _stats([b["heldin_pass@1"] for b in base.values()]), _stats([b["heldout_pass@1"] for b in base.values()])
+        ins = _stats([b["sequential_pass@1_insight"] for b in base.values()])
+        lines.append(f"| base policy (step 0) | {tr[2]} | {_pct(*tr)} | {_pct(*ho)} | {_pct(*ins)} | 0 | | 4 / 4 (base) | |")
+    for arm in arm_order(summaries):
+        rows = [s for s in summaries if s["arm"] == arm]
+        cols = [_stats([r[k] for r in rows]) for k in ("train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight")]
+        steps = int(np.mean([r["env_steps"] for r in rows]))
+        minutes = np.mean([r["walltime_s"] for r in rows]) / 60
+        same = f"lambda_{rows[0]['lam']:g}" if arm == "rltldr" else arm  # rltldr is the λ arm it equals
+        lines.append(f"| {arm} | {len(rows)} | {' | '.join(_pct(*c) for c in cols)} | {steps:,} | {minutes:.1f} | "
+                     f"{PAPER.get(same, '')} | {TOY.get(same, '')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def base_table(base: Mapping[int, Mapping[str, float]]) -> str:
+    """The base policy's checks (App. B) per seed, as a markdown table (Pass@k in %)."""
+    if not base:
+        return ""
+    keys = list(next(iter(base.values())))
+    lines = ["| check | " + " | ".join(f"seed {s}" for s in base) + " |", "|---" * (len(base) + 1) + "|"]
+    for k in keys:
+        cells = []
+        for b in base.values():
+            v = b.get(k, math.nan)
+            cells.append("n/a" if not math.isfinite(v) else (f"{v:+.3f}" if k == "insight_advantage" else f"{100 * v:.1f}"))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curve_points(summary: Mapping[str, Any], base: Mapping[str, float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(env steps, held-in Pass@1, held-out Pass@1) of a run's evaluations, the base policy's at step 0 first."""
+    steps, held_in, held_out = [], [], []
+    if base:
+        steps.append(0)
+        held_in.append(base["heldin_pass@1"])
+        held_out.append(base["heldout_pass@1"])
+    for r in read_metrics(summary["workdir"]):
+        if r["kind"] == "eval":
+            steps.append(r["env_steps"])
+            held_in.append(r.get("eval_train/pass@1/all", math.nan))
+            held_out.append(r.get("eval/pass@1/all", math.nan))
+    return np.asarray(steps, float), np.asarray(held_in, float), np.asarray(held_out, float)
+
+
+def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]], path: str) -> str:
+    """curves.png: no-insight Pass@1 (%) against environment steps, held-in and held-out side by side, one line per
+    RL arm (mean over seeds, ±std band; evaluations at the same steps in every seed)."""
+    fig = new_figure(11, 4.2)
+    axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)]
+    for arm in arm_order(summaries):
+        rows = [s for s in summaries if s["arm"] == arm and s["env_steps"] > 0]
+        if not rows:
+            continue
+        points = [curve_points(r, base.get(r["seed"])) for r in rows]
+        n = min(len(p[0]) for p in points)
+        steps = points[0][0][:n]
+        for ax, which in zip(axes, (1, 2)):
+            ys = np.stack([p[which][:n] for p in points]) * 100
+            mean, std = ys.mean(0), ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(n)
+            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{arm} (n={len(rows)})")
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    for ax, title in zip(axes, ("training tasks (held-in)", "held-out targets")):
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("no-insight Pass@1 (%)")
+        ax.set_ylim(-2, 100)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def write_results(
+    summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]], out: str, *, title: str = "", notes: str = ""
+) -> list[str]:
+    """results.csv, results.md and curves.png in `out`; returns their paths."""
+    rows = [[s[c] for c in COLUMNS] for s in summaries]
+    paths = [write_csv(os.path.join(out, "results.csv"), COLUMNS, rows)]
+    md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
+    if base:
+        md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
+    if notes:
+        md += [notes, ""]
+    path = os.path.join(out, "results.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+    paths.append(path)
+    paths.append(plot_curves(summaries, base, os.path.join(out, "curves.png")))
+    return paths

@@ -1,0 +1,201 @@
+"""Pretraining a small policy from scratch on an environment's demonstrations (the small-scale replication).
+
+    config = ensure_pretrained(config)        # pretrains (or finds the cached result) when pretrain.steps > 0
+    config.model.checkpoint                   # -> runs/pretrained/craft-replicate_s-<hash>: HF weights + tokenizer.json
+
+A pretrained LLM arrives knowing its world's public rules and able to act on advice in its context; a policy
+trained from scratch must be taught both before RL (the paper's App. B checks that insights help the base policy
+before training). `pretrain` does that on `envs.registry.demonstrations(env.name)`: each demonstration is a task,
+the insights in its context and the action that solves the task under the public rules while obeying the
+insights. Examples are built by the same `ContextBuilder` as the RL contexts (task message, insight messages in
+the paper's format, generation prompt, the action + `<|im_end|>`), and the loss is the NLL of the action tokens
+(and of the insight tokens with `pretrain.insight_loss`), run by the same sharded step as RL with λ = 1 and no
+GRPO term.
+
+The tokenizer is a small byte-level BPE with Qwen's ChatML and `<think>` special tokens
+(`tokenization.train_chatml_tokenizer`), trained on the texts of demonstrations drawn with a fixed seed, so every
+seed and every preset of one world share it. The result is an ordinary HF checkpoint directory (config.json,
+model.safetensors, tokenizer.json) that `model.checkpoint` and every launcher take, plus `pretrain.json` (the
+settings and the loss curve). It is cached under `pretrain.cache_dir` by a hash of everything it depends on
+(`pretrain_key`), written to a temporary directory and renamed when complete, so an interrupted run never leaves a
+half checkpoint that a later run would take.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rltldr_jax.agent.episode import task_text
+from rltldr_jax.envs.registry import demonstrations, world_fingerprint
+from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
+from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
+from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.setup import ShardedUpdate
+from rltldr_jax.train.step import LossConfig
+
+log = logging.getLogger(__name__)
+
+#: Bumped when the pretraining recipe changes in a way the config does not show (invalidates cached checkpoints).
+RECIPE_VERSION = 1
+#: Demonstrations whose texts train the tokenizer (fixed seed: one tokenizer per world and vocabulary size).
+TOKENIZER_CORPUS = 4000
+#: Example lengths are padded to a multiple of this; a step's demonstrations are sorted by length into
+#: `LENGTH_BUCKETS` batches so that short examples are not padded to the longest.
+PAD_MULTIPLE = 64
+LENGTH_BUCKETS = 4
+
+
+def pretrain_key(config: Any) -> str:
+    """A hash of everything the pretrained checkpoint depends on: the pretrain settings (cache_dir excluded), the
+    architecture, dtypes, environment (and the source of its world: `registry.world_fingerprint`), insight cap,
+    seed and the recipe version."""
+    p = config.pretrain
+    parts = {
+        "pretrain": {k: v for k, v in p.to_dict().items() if k != "cache_dir"},
+        "preset": config.model.preset,
+        "architecture": get_preset(config.model.preset).to_hf_dict(),
+        "dtype": [config.model.dtype, config.model.param_dtype],
+        "env": config.env.name,
+        "world": world_fingerprint(config.env.name),
+        "max_insights": config.insight.max_insights,
+        "thinking": config.rollout.thinking,
+        "seed": config.seed,
+        "recipe": RECIPE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def pretrained_dir(config: Any) -> str:
+    """Where the pretrained checkpoint of `config` lives: {cache_dir}/{env}-{preset}-s{seed}-{hash}."""
+    cache = config.pretrain.cache_dir or os.path.join("runs", "pretrained")
+    name = f"{config.env.name}-{config.model.preset}-s{config.seed}-{pretrain_key(config)}"
+    return os.path.abspath(os.path.join(cache, name))
+
+
+def build_tokenizer(config: Any) -> Tokenizer:
+    """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
+    demonstrations (seed 0), plus the chat scaffolding's words."""
+    draw = demonstrations(config.env.name, insight_prob=1.0, max_insights=config.insight.max_insights)
+    rng = np.random.default_rng(0)
+    texts = ["user\n", "assistant\n", "\n\n"] * 64
+    for _ in range(TOKENIZER_CORPUS):
+        task, insights, act = draw(rng)
+        texts += [task_text(task), act, *(INSIGHT_SCAFFOLD.format(n=n) + text for text, n in insights)]
+    return train_chatml_tokenizer(texts, config.pretrain.vocab_size)
+
+
+def demonstration_example(
+    task: Any, insights: tuple[tuple[str, int], ...], act: str, builder: ContextBuilder, *, insight_loss: bool
+) -> Example:
+    """One demonstration as a training example: the RL context of its first step with the action as the sampled
+    step; the SFT target (`insight_mask`) is the action (+ the insight sentences with `insight_loss`)."""
+    tok = builder.tokenizer
+    action_ids = (*tok.encode(act), tok.im_end_id)
+    ctx = builder.build(task_text(task), [Insight(t, n) for t, n in insights], (), Step(action_ids))
+    target = ctx.action_mask | (ctx.insight_mask if insight_loss else False)
+    n = len(ctx)
+    return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), target, 0.0, task.task_id, 0, 0)
+
+
+def _optimizer(config: Any) -> optax.GradientTransformation:
+    p = config.pretrain
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, p.learning_rate, max(1, min(p.warmup_steps, p.steps - 1)), max(p.steps, 2), end_value=p.learning_rate * 0.05
+    )
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=p.weight_decay))
+
+
+def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None) -> str:
+    """Pretrains `config.model.preset` from random weights (seed `config.seed`) on the environment's
+    demonstrations, or returns the cached result; returns the checkpoint directory (`pretrained_dir`).
+
+    Args:
+      config: a validated config with `pretrain.steps > 0`.
+      progress: a progress bar over the steps.
+      on_log: called with (step, mean NLL of the last steps) about 20 times per run.
+    """
+    p = config.pretrain
+    if p.steps <= 0:
+        raise ValueError("pretrain.steps is 0: nothing to pretrain (set --config.pretrain.steps=N)")
+    out = pretrained_dir(config)
+    if os.path.isfile(os.path.join(out, "pretrain.json")):
+        return out
+    t0 = time.time()
+    tokenizer = build_tokenizer(config)
+    arch = get_preset(config.model.preset)
+    if tokenizer.vocab_size > arch.vocab_size:
+        raise ValueError(f"pretrain.vocab_size={p.vocab_size} exceeds the vocabulary of model.preset={config.model.preset} "
+                         f"({arch.vocab_size}): lower it")  # fmt: skip
+    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    spec = ModelSpec(arch, dtype=getattr(jnp, config.model.dtype), param_dtype=getattr(jnp, config.model.param_dtype))
+    model = spec.build(seed=config.seed)
+    c = copy.deepcopy(config)
+    c.batch.micro_batch_size = p.batch_size
+    update = ShardedUpdate(c, model, _optimizer(config), LossConfig(lam=1.0, grpo_coef=0.0))
+    draw = demonstrations(config.env.name, insight_prob=p.insight_prob, max_insights=config.insight.max_insights)
+    rng = np.random.default_rng([config.seed, 1])
+    curve: list[tuple[int, float]] = []
+    window: list[float] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=p.steps, desc="pretrain", unit="step", leave=False)
+    step = 0
+    while step < p.steps:
+        pool = [demonstration_example(*draw(rng), builder, insight_loss=p.insight_loss) for _ in range(p.batch_size * LENGTH_BUCKETS)]
+        pool.sort(key=len)
+        for k in range(LENGTH_BUCKETS):
+            if step == p.steps:
+                break
+            (batch,) = pack(pool[k * p.batch_size : (k + 1) * p.batch_size], micro_batch_size=p.batch_size, grad_accum_steps=1,
+                            pad_to_multiple=PAD_MULTIPLE)  # fmt: skip
+            nll = float(update.step(batch)["sft_nll"])
+            if not np.isfinite(nll):
+                raise FloatingPointError(f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate")
+            window.append(nll)
+            step += 1
+            if bar is not None:
+                bar.update(1)
+            if step % max(1, p.steps // 20) == 0 or step == p.steps:
+                curve.append((step, float(np.mean(window))))
+                window = []
+                if on_log is not None:
+                    on_log(*curve[-1])
+    if bar is not None:
+        bar.close()
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained(update.model(), tmp)
+    tokenizer.save(tmp)
+    record = {"key": pretrain_key(config), "seconds": time.time() - t0, "nll_curve": curve, "pretrain": p.to_dict(),
+              "preset": config.model.preset, "env": config.env.name, "seed": config.seed}  # fmt: skip
+    with open(os.path.join(tmp, "pretrain.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    os.replace(tmp, out)
+    log.info("pretrained %s in %.0f s (final NLL %.4f)", out, record["seconds"], curve[-1][1])
+    return out
+
+
+def ensure_pretrained(config: Any, *, progress: bool = False) -> Any:
+    """`config` itself when it needs no pretraining (pretrain.steps == 0 or model.checkpoint set); else a copy
+    whose `model.checkpoint` is the (cached or new) pretrained checkpoint."""
+    if config.pretrain.steps <= 0 or config.model.checkpoint:
+        return config
+    path = pretrain(config, progress=progress)
+    c = copy.deepcopy(config)
+    c.model.checkpoint = path
+    return c

@@ -1,0 +1,146 @@
+"""The small-scale replication's pipeline: arms, the small tokenizer, pretraining from scratch (cached), and a smoke
+grid through the real code path (pretraining, base checks, Trainer runs, offline SFTL;DR, the report)."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import base, replicate
+from rltldr_jax.tokenization import CHATML_SPECIAL_TOKENS, ContextBuilder, load_tokenizer, train_chatml_tokenizer
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_arms_differ_exactly_in_their_keys():
+    ref = _flat(replicate.arm_config("default", "rltldr", 0).to_dict())
+    expected = {
+        "grpo": {"insight.schedule", "loss.lam"},
+        "lambda_0": {"loss.lam"},
+        "lambda_0.03": {"loss.lam"},
+        "lambda_0.1": {"loss.lam"},
+        "lambda_0.5": set(),  # = rltldr (the grid runs it once)
+        "sft_only": {"loss.grpo_coef"},
+        "uninformative_insights": {"insight.source"},
+        "sftldr": {"mode", "sft.data"},
+    }
+    assert set(expected) | {"rltldr"} == set(replicate.ARMS)
+    for arm, keys in expected.items():
+        config = _flat(replicate.arm_config("default", arm, 0).to_dict())
+        changed = {k for k in ref if ref[k] != config[k]} - {"name"}
+        assert changed == keys, arm
+    lams = {arm: replicate.arm_config("default", arm, 0).loss.lam for arm in ("lambda_0", "lambda_0.03", "lambda_0.1", "lambda_0.5", "grpo")}
+    assert lams == {"lambda_0": 0.0, "lambda_0.03": 0.03, "lambda_0.1": 0.1, "lambda_0.5": 0.5, "grpo": 0.0}
+    assert replicate.arm_config("default", "grpo", 0).insight.schedule == "never"
+    # every seed and arm of one preset shares the pretrained policy; another seed or preset does not
+    from rltldr_jax.train.pretrain import pretrained_dir
+
+    dirs = {pretrained_dir(replicate.arm_config("default", arm, 0)) for arm in replicate.ARMS}
+    assert len(dirs) == 1
+    assert pretrained_dir(replicate.arm_config("default", "grpo", 1)) not in dirs
+    assert pretrained_dir(replicate.arm_config("quick", "grpo", 0)) not in dirs
+    with pytest.raises(base.ConfigError, match="unknown arm"):
+        replicate.arm_config("default", "nope", 0)
+
+
+def test_small_chatml_tokenizer(tmp_path):
+    texts = ['Craft "torch". Inventory: nothing.', '```python\ngather("wood")\ncraft("stick")\n```'] * 50
+    tok = train_chatml_tokenizer(texts, 300)
+    assert tok.vocab_size == 300
+    assert [tok.token_to_id(t) for t in CHATML_SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    for text in (*texts[:2], "unseen ü text <|im_end|> 123"):
+        assert tok.decode(tok.encode(text)) == text  # byte level: anything round-trips, specials stay text
+    assert tok.encode("<|im_end|>", special=True) == [tok.im_end_id]
+    tok.save(str(tmp_path))
+    again = load_tokenizer(tmp_path)
+    assert again.encode(texts[1]) == tok.encode(texts[1])
+    ContextBuilder(again, thinking=False)  # has what the chat format needs
+
+
+@pytest.fixture(scope="module")
+def smoke_grid(tmp_path_factory):
+    from rltldr_jax.replication.driver import run_replication
+
+    out = str(tmp_path_factory.mktemp("replicate"))
+    overrides = {"pretrain.cache_dir": os.path.join(out, "pretrained")}
+    arms = ("grpo", "rltldr", "uninformative_insights", "sftldr")
+    configs = {(arm, 0): replicate.arm_config("smoke", arm, 0, overrides) for arm in arms}
+    lines: list[str] = []
+    paths = run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
+    return out, paths, lines
+
+
+def test_smoke_grid_writes_the_report(smoke_grid):
+    out, paths, lines = smoke_grid
+    assert sorted(os.path.basename(p) for p in paths) == ["curves.png", "insight_curves.png", "results.csv", "results.md"]
+    with open(os.path.join(out, "results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["arm"] for r in rows] == ["grpo", "rltldr", "uninformative_insights", "sftldr"]
+    for column in ("arm", "seed", "train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight", "env_steps", "walltime_s"):
+        assert all(r[column] != "" for r in rows), column
+    config = replicate.arm_config("smoke", "rltldr", 0)
+    steps = config.rollout.tasks_per_phase * config.rollout.group_size  # one attempt = one env step; one phase
+    assert [int(r["env_steps"]) for r in rows] == [steps, steps, steps, 0]  # sftldr is offline
+    assert [float(r["lam"]) for r in rows] == [0.0, replicate.DEFAULT_LAMBDA, replicate.DEFAULT_LAMBDA, replicate.DEFAULT_LAMBDA]
+    with open(os.path.join(out, "base", "s0", "checks.json")) as f:
+        checks = json.load(f)["checks"]
+    assert checks["iid_pass@2"] == 0.0 and "sequential_pass@1_insight" in checks and "heldout_pass@1" in checks
+    assert any(line.startswith("seed 0: base checks") for line in lines)
+    assert sum(" seed 0: no-insight Pass@1 train " in line for line in lines) == 4
+    md = open(os.path.join(out, "results.md")).read()
+    assert "| grpo | 1 |" in md and "base policy (step 0)" in md and "21.5 / 18.9" in md  # the paper's λ = 0.5 row
+
+
+def test_arms_insert_what_they_should(smoke_grid):
+    from rltldr_jax.agent.collector import load_rollouts
+    from rltldr_jax.envs import craft
+
+    out, _, _ = smoke_grid
+    records = {arm: load_rollouts(os.path.join(out, "runs", f"{arm}-s0")) for arm in ("grpo", "rltldr", "uninformative_insights")}
+    assert not any(r.with_insights or r.judgement for r in records["grpo"])  # GRPO: no insight written or inserted
+    real = [r.written_insight for r in records["rltldr"] if r.written_insight]
+    fake = [r.written_insight for r in records["uninformative_insights"] if r.written_insight]
+    assert real and fake
+    tools = set(craft.HIDDEN_RULES.values())
+    assert not any(t in f for f in fake for t in tools)
+    # the first attempts (same seeds, same base policy, no insight yet) fail alike: each gets one insight in both arms
+    first = {arm: {r.task_id for r in records[arm] if r.attempt.index == 1 and r.written_insight} for arm in ("rltldr", "uninformative_insights")}
+    assert first["rltldr"] == first["uninformative_insights"]  # (equal token lengths: tests/test_craft.py)
+
+
+def test_a_second_run_only_reads_what_is_there(smoke_grid):
+    from rltldr_jax.replication.driver import run_replication
+
+    out, _, _ = smoke_grid
+    before = {p: os.path.getmtime(p) for p in (os.path.join(out, "runs", "grpo-s0", "summary.json"), os.path.join(out, "base", "s0", "checks.json"))}
+    configs = {("grpo", 0): replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": os.path.join(out, "pretrained")})}
+    lines: list[str] = []
+    run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
+    assert {p: os.path.getmtime(p) for p in before} == before
+    assert any("grpo seed 0" in line for line in lines)
+
+
+def test_pretraining_is_cached_and_loads_as_a_checkpoint(smoke_grid):
+    from rltldr_jax.models import load_pretrained
+    from rltldr_jax.train.pretrain import pretrain, pretrained_dir
+
+    out, _, _ = smoke_grid
+    config = replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": os.path.join(out, "pretrained")})
+    path = pretrained_dir(config)
+    assert sorted(os.listdir(path)) == ["config.json", "model.safetensors", "pretrain.json", "tokenizer.json"]
+    stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
+    assert pretrain(config) == path and os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
+    record = json.load(open(os.path.join(path, "pretrain.json")))
+    assert record["nll_curve"][-1][0] == config.pretrain.steps and np.isfinite(record["nll_curve"][-1][1])
+    model = load_pretrained(path)
+    assert model.config.vocab_size == 512 and 400 < load_tokenizer(path).vocab_size <= config.pretrain.vocab_size
