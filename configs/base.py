@@ -219,7 +219,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.pretrain.weight_decay = 0.01
     c.pretrain.vocab_size = 512  # the byte-level BPE tokenizer trained on the demonstrations' texts (<= the model's)
     c.pretrain.insight_prob = 0.6  # share of demonstrations with (made-up) requirements in context as insights
-    c.pretrain.insight_loss = False  # also train on the insight tokens (the declarative-pretraining experiment)
+    # The declarative-pretraining experiment: this share of demonstrations instead has insights that state true
+    # public rules of the plan (task -> rule statement), trained as targets next to the action.
+    c.pretrain.statement_prob = 0.0
     c.pretrain.cache_dir = ""  # "" = runs/pretrained
 
     return c
@@ -306,6 +308,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "pretrain.weight_decay": (0.0, None, True, True),
     "pretrain.vocab_size": (262, None, True, True),
     "pretrain.insight_prob": (0.0, 1.0, True, True),
+    "pretrain.statement_prob": (0.0, 1.0, True, True),
     "sft.num_rollouts": (0, None, True, True),
     "sft.epochs": (1, None, True, True),
     "sft.learning_rate": (0.0, None, False, True),

@@ -48,13 +48,22 @@ ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "uninformative_insights": (None, {"insight.source": "uninformative"}),
     # Offline SFTL;DR (Table 2) on the (task, insight) pairs collected by this seed's `rltldr` run.
     "sftldr": ("sftldr", {}),
+    # The declarative-pretraining experiment (not in the default grid): 30 % of the pretraining demonstrations state
+    # true public rules of their plan as insights, trained as targets, so that "task -> rule sentence" is a learnt
+    # skill before RL asks L_SFT to teach hidden ones. Compare with lambda_0 / lambda_0.5.
+    "declarative_lambda_0": (None, {"pretrain.statement_prob": 0.3, "loss.lam": 0.0}),
+    "declarative_lambda_0.5": (None, {"pretrain.statement_prob": 0.3, "loss.lam": 0.5}),
 }
+
+#: The arms of the full grid (the declarative ones run on request: --arms=...).
+CORE_ARMS = ("grpo", "rltldr", "lambda_0", "lambda_0.03", "lambda_0.1", "lambda_0.5", "sft_only", "sftldr",
+             "uninformative_insights")  # fmt: skip
 
 #: preset -> (default arms, default seeds) of `launch/replicate.py`.
 GRIDS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
-    "default": (tuple(ARMS), (0, 1, 2)),
+    "default": (CORE_ARMS, (0, 1, 2)),
     "quick": (("grpo", "rltldr"), (0,)),
-    "gpu": (tuple(ARMS), tuple(range(10))),
+    "gpu": (CORE_ARMS, tuple(range(10))),
     "smoke": (("grpo", "rltldr"), (0,)),
 }
 
@@ -121,7 +130,7 @@ def _default(c) -> None:
 
 def _quick(c) -> None:
     _default(c)
-    base.override(c, {"name": "replicate-quick", "pretrain.steps": 600, "train.env_step_budget": 64 * 20, "eval.every": 5})
+    base.override(c, {"name": "replicate-quick", "pretrain.steps": 1200, "train.env_step_budget": 64 * 20, "eval.every": 5})
 
 
 def _gpu(c) -> None:

@@ -113,3 +113,14 @@ def parse_flags(argv: list[str]) -> list[str]:
                 original = cause
             cause = cause.__cause__ or cause.__context__
         sys.exit(f"error: {original if original is not None else e}")
+
+
+def with_pretrained(config: Any) -> Any:
+    """`config` with `model.checkpoint` set to its pretrained policy when `pretrain.steps > 0` and no checkpoint is
+    given (pretrains it first, or finds it in the cache: train/pretrain.py); exits with the reason on failure."""
+    from rltldr_jax.train.pretrain import ensure_pretrained
+
+    try:
+        return ensure_pretrained(config, progress=sys.stderr.isatty())
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")

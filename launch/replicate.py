@@ -89,6 +89,11 @@ def main(argv: list[str]) -> None:
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
     quiet_logging()
+    import jax
+
+    # The grid's runs compile the same programs: compile each once (an on-disk cache, reused by reruns).
+    jax.config.update("jax_compilation_cache_dir", os.path.join(out, "xla-cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     if not _VERBOSE.value:
         for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -20,7 +20,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -42,6 +42,7 @@ def main(argv: list[str]) -> None:
         print(config)
         return
     quiet_logging()
+    config = with_pretrained(config)
     from rltldr_jax.checkpoint import CheckpointSaveError
     from rltldr_jax.train.sft import run_sft
     from rltldr_jax.train.step import NonFiniteError

@@ -29,7 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -56,6 +56,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
                  "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>")  # fmt: skip
     quiet_logging()  # before JAX starts: no back-end probe or orbax INFO lines; one line per phase
+    config = with_pretrained(config)
     from rltldr_jax.checkpoint import CheckpointSaveError
     from rltldr_jax.train.loop import Trainer
     from rltldr_jax.train.report import run_summary

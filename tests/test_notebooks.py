@@ -84,7 +84,7 @@ def test_notebooks_are_clean_and_generated():
 
 
 def test_notebooks_run_top_to_bottom(tmp_path):
-    """Notebook 1 trains the tiny run and evaluates it, notebook 2 measures Δθ and exports to HF, notebook 3
+    """Notebook 1 runs the smoke replication grid, then trains the tiny run and evaluates it, notebook 2 measures Δθ and exports to HF, notebook 3
     analyses the rollouts and measures the insight curves; all in test mode, on one run directory."""
     workdir = tmp_path / "run"
     env = {
@@ -106,7 +106,12 @@ def test_notebooks_run_top_to_bottom(tmp_path):
             pytest.fail(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}")
     print(f"notebook seconds: {seconds}")
 
-    # Notebook 1: checkpoints 0 (before training), 1, 2; TensorBoard; rollouts; the curves; the eval JSON.
+    # Notebook 1, part 1: the smoke replication grid (grpo and rltldr, one seed) with its report.
+    replication = tmp_path / "colab-replicate-smoke"
+    assert [(r["arm"], r["seed"]) for r in _csv(replication / "results.csv")] == [("grpo", "0"), ("rltldr", "0")]
+    assert (replication / "curves.png").stat().st_size > 0 and (replication / "insight_curves.png").stat().st_size > 0
+
+    # Notebook 1, part 2: checkpoints 0 (before training), 1, 2; TensorBoard; rollouts; the curves; the eval JSON.
     assert sorted(os.listdir(workdir / "checkpoints"), key=int) == ["0", "1", "2"]
     assert os.listdir(workdir / "tb")
     assert sorted(os.listdir(workdir / "rollouts")) == ["phase_00000.jsonl", "phase_00001.jsonl"]

@@ -24,15 +24,20 @@ def _flat(d, prefix=""):
 
 def test_arms_differ_exactly_in_their_keys():
     ref = _flat(replicate.arm_config("default", "rltldr", 0).to_dict())
+    def lam(value):  # the λ arm equal to rltldr's default differs in nothing (the grid runs it once)
+        return set() if value == replicate.DEFAULT_LAMBDA else {"loss.lam"}
+
     expected = {
         "grpo": {"insight.schedule", "loss.lam"},
-        "lambda_0": {"loss.lam"},
-        "lambda_0.03": {"loss.lam"},
-        "lambda_0.1": {"loss.lam"},
-        "lambda_0.5": set(),  # = rltldr (the grid runs it once)
+        "lambda_0": lam(0.0),
+        "lambda_0.03": lam(0.03),
+        "lambda_0.1": lam(0.1),
+        "lambda_0.5": lam(0.5),
         "sft_only": {"loss.grpo_coef"},
         "uninformative_insights": {"insight.source"},
         "sftldr": {"mode", "sft.data"},
+        "declarative_lambda_0": {"pretrain.statement_prob"} | lam(0.0),
+        "declarative_lambda_0.5": {"pretrain.statement_prob"} | lam(0.5),
     }
     assert set(expected) | {"rltldr"} == set(replicate.ARMS)
     for arm, keys in expected.items():
@@ -45,8 +50,9 @@ def test_arms_differ_exactly_in_their_keys():
     # every seed and arm of one preset shares the pretrained policy; another seed or preset does not
     from rltldr_jax.train.pretrain import pretrained_dir
 
-    dirs = {pretrained_dir(replicate.arm_config("default", arm, 0)) for arm in replicate.ARMS}
+    dirs = {pretrained_dir(replicate.arm_config("default", arm, 0)) for arm in replicate.CORE_ARMS}
     assert len(dirs) == 1
+    assert pretrained_dir(replicate.arm_config("default", "declarative_lambda_0", 0)) not in dirs  # its own pretraining
     assert pretrained_dir(replicate.arm_config("default", "grpo", 1)) not in dirs
     assert pretrained_dir(replicate.arm_config("quick", "grpo", 0)) not in dirs
     with pytest.raises(base.ConfigError, match="unknown arm"):
@@ -91,14 +97,14 @@ def test_smoke_grid_writes_the_report(smoke_grid):
     config = replicate.arm_config("smoke", "rltldr", 0)
     steps = config.rollout.tasks_per_phase * config.rollout.group_size  # one attempt = one env step; one phase
     assert [int(r["env_steps"]) for r in rows] == [steps, steps, steps, 0]  # sftldr is offline
-    assert [float(r["lam"]) for r in rows] == [0.0, replicate.DEFAULT_LAMBDA, replicate.DEFAULT_LAMBDA, replicate.DEFAULT_LAMBDA]
+    assert [float(r["lam"]) for r in rows] == [0.0, *[replicate.DEFAULT_LAMBDA] * 3]
     with open(os.path.join(out, "base", "s0", "checks.json")) as f:
         checks = json.load(f)["checks"]
     assert checks["iid_pass@2"] == 0.0 and "sequential_pass@1_insight" in checks and "heldout_pass@1" in checks
     assert any(line.startswith("seed 0: base checks") for line in lines)
     assert sum(" seed 0: no-insight Pass@1 train " in line for line in lines) == 4
     md = open(os.path.join(out, "results.md")).read()
-    assert "| grpo | 1 |" in md and "base policy (step 0)" in md and "21.5 / 18.9" in md  # the paper's λ = 0.5 row
+    assert "| grpo | 1 |" in md and "base policy (step 0)" in md and "0-1 / 0-1" in md  # the paper's GRPO row
 
 
 def test_arms_insert_what_they_should(smoke_grid):
@@ -144,3 +150,36 @@ def test_pretraining_is_cached_and_loads_as_a_checkpoint(smoke_grid):
     assert record["nll_curve"][-1][0] == config.pretrain.steps and np.isfinite(record["nll_curve"][-1][1])
     model = load_pretrained(path)
     assert model.config.vocab_size == 512 and 400 < load_tokenizer(path).vocab_size <= config.pretrain.vocab_size
+
+
+def test_every_preset_resolves_and_the_gpu_policy_is_the_5_to_20m_one():
+    import jax
+    from flax import nnx
+
+    from rltldr_jax.models import ModelSpec, get_preset
+
+    for preset, (arms, seeds) in replicate.GRIDS.items():
+        assert preset in replicate.CHECKS and set(arms) <= set(replicate.ARMS) and seeds, preset
+        for arm in arms:
+            replicate.arm_config(preset, arm, seeds[-1])  # validates
+    gpu = replicate.arm_config("gpu", "rltldr", 9)
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(ModelSpec(get_preset(gpu.model.preset)).abstract())))
+    assert 5e6 <= params <= 20e6 and len(replicate.GRIDS["gpu"][1]) == 10
+
+
+def test_pretrain_launcher_prints_the_cached_checkpoint(smoke_grid):
+    import subprocess
+    import sys
+
+    out, _, _ = smoke_grid
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cache = os.path.join(out, "pretrained")
+    cmd = [sys.executable, os.path.join(repo, "launch", "pretrain.py"), "--config=" + os.path.join(repo, "configs", "replicate.py:smoke"),
+           f"--config.pretrain.cache_dir={cache}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from rltldr_jax.train.pretrain import pretrained_dir
+
+    assert proc.stdout.strip() == pretrained_dir(replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": cache}))
+    bad = subprocess.run([*cmd[:2], "--config=" + os.path.join(repo, "configs", "sapi.py:tiny")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "pretrain.steps is 0" in bad.stderr

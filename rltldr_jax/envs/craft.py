@@ -405,25 +405,42 @@ def made_up_requirements(target: str, inventory: Sequence[str], rng: np.random.G
 @dataclasses.dataclass(frozen=True)
 class Demonstration:
     """One pretraining example: a task, the insights in its context (oldest first, with the attempt numbers
-    they name), and the plan that obeys them under the public rules."""
+    they name), and the plan that obeys them under the public rules. `statements`: the insights state true public
+    rules of this plan (the declarative-pretraining experiment), so they are predictable from the task."""
 
     task: Task
     insights: tuple[tuple[str, int], ...]
     plan: tuple[str, ...]
+    statements: bool = False
 
 
-def demonstration(rng: np.random.Generator, *, insight_prob: float = 0.6, max_insights: int = 4) -> Demonstration:
+def public_statements(target: str, inventory: Sequence[str], rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+    """Up to `n` true public rules of the plan as requirements (ingredient, crafted item): `you have "coal" before
+    craft("ingot")` for a craft of the public plan (never a hidden rule: those are about gathers)."""
+    crafted = [i for i in dict.fromkeys(plan(target, inventory)) if i in RECIPES]
+    pairs = [(ingredient, item) for item in crafted for ingredient in RECIPES[item]]
+    return [pairs[k] for k in rng.permutation(len(pairs))[:n]]
+
+
+def demonstration(
+    rng: np.random.Generator, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
+) -> Demonstration:
     """A random pretraining example (module docstring): any target, a random inventory, and with probability
     `insight_prob` one or two made-up requirements shown as up to `max_insights` insight messages (repeats
     included, as a run's consecutive failures write them) that the plan obeys: each required item is obtained right
-    before the gather that needs it."""
+    before the gather that needs it. With probability `statement_prob` (drawn first) the insights instead state one
+    or two true public rules of the public plan (`statements=True`), which pretraining can train as targets."""
     target = str(rng.choice(list(RECIPES)))
     tree = _closure(target)
     others = [i for i in ITEMS if i not in tree and i != target]
     inventory = [i for i in tree if rng.random() < 0.3] + [str(x) for x in rng.choice(others, size=int(rng.integers(0, 3)), replace=False)]
     requirements: list[tuple[str, str]] = []
     insights: list[tuple[str, int]] = []
-    if rng.random() < insight_prob:
+    statements = bool(statement_prob) and rng.random() < statement_prob
+    if statements:
+        requirements = public_statements(target, inventory, rng, int(rng.integers(1, 3)))
+        statements = bool(requirements)
+    elif rng.random() < insight_prob:
         requirements = made_up_requirements(target, inventory, rng, int(rng.integers(1, 3)))
     if requirements:  # (a plan that gathers nothing has nothing to require)
         count = int(rng.integers(len(requirements), max(len(requirements), max_insights) + 1))
@@ -431,8 +448,8 @@ def demonstration(rng: np.random.Generator, *, insight_prob: float = 0.6, max_in
         rng.shuffle(shown)
         numbers = np.sort(rng.choice(np.arange(1, 9), size=count, replace=False))
         insights = [(insight_text(requirement(i, b)), int(n)) for (i, b), n in zip(shown, numbers)]
-    items = plan(target, inventory, requirements)
-    return Demonstration(_task(target, inventory, "pretrain"), tuple(insights), tuple(items))
+    items = plan(target, inventory, [] if statements else requirements)
+    return Demonstration(_task(target, inventory, "pretrain"), tuple(insights), tuple(items), statements)
 
 
 def uninformative_insight(insight: str, task: Task, seed: int) -> str:

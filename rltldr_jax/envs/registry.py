@@ -66,22 +66,23 @@ def make_env(name: str, *, step_timeout_s: float = 30.0, memory_limit_mb: int = 
 
 
 def demonstrations(
-    name: str, *, insight_prob: float = 0.6, max_insights: int = 4
-) -> Callable[[np.random.Generator], tuple[Task, tuple[tuple[str, int], ...], str]]:
+    name: str, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
+) -> Callable[[np.random.Generator], tuple[Task, tuple[tuple[str, int], ...], str, bool]]:
     """The pretraining source of environment `name`: rng -> (task, insights in context as (text, number of the
-    failed attempt it names), the demonstrated action text).
+    failed attempt it names), the demonstrated action text, whether the insights are targets too).
 
     Only the small-scale replication's world has one (`pretrain.steps > 0` needs it). `insight_prob` is the share
-    of demonstrations with insights in context, at most `max_insights` of them.
+    of demonstrations with insights to act on, at most `max_insights` of them; `statement_prob` the share whose
+    insights state true public rules, to be learnt as targets (the declarative-pretraining experiment).
     """
     _check(name)
     if name != "craft":
         raise ValueError(f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs env.name='craft'")
     from rltldr_jax.envs import craft
 
-    def draw(rng: np.random.Generator) -> tuple[Task, tuple[tuple[str, int], ...], str]:
-        demo = craft.demonstration(rng, insight_prob=insight_prob, max_insights=max_insights)
-        return demo.task, demo.insights, craft.plan_code(demo.plan)
+    def draw(rng: np.random.Generator) -> tuple[Task, tuple[tuple[str, int], ...], str, bool]:
+        demo = craft.demonstration(rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
+        return demo.task, demo.insights, craft.plan_code(demo.plan), demo.statements
 
     return draw
 

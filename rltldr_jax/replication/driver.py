@@ -3,8 +3,9 @@
     configs = {(arm, seed): configs.replicate.arm_config(preset, arm, seed) for ...}
     paths = run_replication(configs, "runs/replicate")     # results.csv, results.md, curves.png, insight_curves.png
 
-Per seed: the pretrained policy (`train.pretrain`, cached), the base checks (`replication.checks`, cached in
-`{out}/base/s{seed}/checks.json`), then every run of the grid (`replication.grid`, resumable), then the report
+Per seed: the pretrained policy (`train.pretrain`, cached; an arm with other pretraining settings gets its own), the
+base checks of the first arm's policy (`replication.checks`, cached in `{out}/base/s{seed}/checks.json`), then
+every run of the grid (`replication.grid`, resumable), then the report
 (`replication.report`).
 """
 
@@ -105,11 +106,12 @@ def run_replication(
     for seed in seeds:
         keys = [k for k in configs if k[1] == seed]
         t = time.time()
-        pretrained = ensure_pretrained(configs[keys[0]], progress=progress)
-        for k in keys:
-            configs[k] = copy.deepcopy(configs[k])
-            configs[k].model.checkpoint = pretrained.model.checkpoint
-        echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)")
+        for k in keys:  # (arms that pretrain alike share one cached checkpoint)
+            configs[k] = ensure_pretrained(configs[k], progress=progress)
+        pretrained = configs[keys[0]]
+        others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
+        echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
+             + (f"; arms with other pretraining settings: {', '.join(others)}" if others else ""))
         t = time.time()
         found, seed_curves = seed_checks(pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {}))
         base[seed], curves[seed] = found, seed_curves

@@ -9,7 +9,8 @@ before training). `pretrain` does that on `envs.registry.demonstrations(env.name
 the insights in its context and the action that solves the task under the public rules while obeying the
 insights. Examples are built by the same `ContextBuilder` as the RL contexts (task message, insight messages in
 the paper's format, generation prompt, the action + `<|im_end|>`), and the loss is the NLL of the action tokens
-(and of the insight tokens with `pretrain.insight_loss`), run by the same sharded step as RL with λ = 1 and no
+(and of the insight tokens of demonstrations whose insights state true rules, `pretrain.statement_prob`), run by
+the same sharded step as RL with λ = 1 and no
 GRPO term.
 
 The tokenizer is a small byte-level BPE with Qwen's ChatML and `<think>` special tokens
@@ -91,20 +92,20 @@ def build_tokenizer(config: Any) -> Tokenizer:
     rng = np.random.default_rng(0)
     texts = ["user\n", "assistant\n", "\n\n"] * 64
     for _ in range(TOKENIZER_CORPUS):
-        task, insights, act = draw(rng)
+        task, insights, act, _ = draw(rng)
         texts += [task_text(task), act, *(INSIGHT_SCAFFOLD.format(n=n) + text for text, n in insights)]
     return train_chatml_tokenizer(texts, config.pretrain.vocab_size)
 
 
 def demonstration_example(
-    task: Any, insights: tuple[tuple[str, int], ...], act: str, builder: ContextBuilder, *, insight_loss: bool
+    task: Any, insights: tuple[tuple[str, int], ...], act: str, insight_targets: bool, builder: ContextBuilder
 ) -> Example:
     """One demonstration as a training example: the RL context of its first step with the action as the sampled
-    step; the SFT target (`insight_mask`) is the action (+ the insight sentences with `insight_loss`)."""
+    step; the SFT target (`insight_mask`) is the action (+ the insight sentences when `insight_targets`)."""
     tok = builder.tokenizer
     action_ids = (*tok.encode(act), tok.im_end_id)
     ctx = builder.build(task_text(task), [Insight(t, n) for t, n in insights], (), Step(action_ids))
-    target = ctx.action_mask | (ctx.insight_mask if insight_loss else False)
+    target = ctx.action_mask | (ctx.insight_mask if insight_targets else False)
     n = len(ctx)
     return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), target, 0.0, task.task_id, 0, 0)
 
@@ -144,7 +145,8 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
     c = copy.deepcopy(config)
     c.batch.micro_batch_size = p.batch_size
     update = ShardedUpdate(c, model, _optimizer(config), LossConfig(lam=1.0, grpo_coef=0.0))
-    draw = demonstrations(config.env.name, insight_prob=p.insight_prob, max_insights=config.insight.max_insights)
+    draw = demonstrations(config.env.name, insight_prob=p.insight_prob, max_insights=config.insight.max_insights,
+                          statement_prob=p.statement_prob)  # fmt: skip
     rng = np.random.default_rng([config.seed, 1])
     curve: list[tuple[int, float]] = []
     window: list[float] = []
@@ -155,7 +157,7 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
         bar = tqdm(total=p.steps, desc="pretrain", unit="step", leave=False)
     step = 0
     while step < p.steps:
-        pool = [demonstration_example(*draw(rng), builder, insight_loss=p.insight_loss) for _ in range(p.batch_size * LENGTH_BUCKETS)]
+        pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
         pool.sort(key=len)
         for k in range(LENGTH_BUCKETS):
             if step == p.steps:

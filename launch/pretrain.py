@@ -1,0 +1,46 @@
+"""Pretrain a small policy from scratch on an environment's demonstrations (the small-scale replication's base).
+
+    python launch/pretrain.py --config=configs/replicate.py                 # the default preset's policy, seed 0
+    python launch/pretrain.py --config=configs/replicate.py:quick --config.seed=1 --checks
+
+Prints the checkpoint directory (an HF directory with tokenizer.json that `--config.model.checkpoint` takes); it
+is cached under `pretrain.cache_dir` by a hash of its settings, so a second call returns at once. Every launcher
+does this by itself when `pretrain.steps > 0` and no `model.checkpoint` is given. `--checks` also runs the base
+policy's checks before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks, what insights in context do).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
+
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
+
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
+_CHECKS = flags.DEFINE_bool("checks", False, "Also run the base policy's checks (i.i.d. Pass@64, insight curves).")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --config.pretrain.steps=500")
+    config = resolve_config(_CONFIG, _ABLATION)
+    if config.pretrain.steps <= 0:
+        sys.exit("error: pretrain.steps is 0 in this config: nothing to pretrain (e.g. --config=configs/replicate.py)")
+    quiet_logging()
+    config = with_pretrained(config)
+    print(config.model.checkpoint)
+    if _CHECKS.value:
+        from rltldr_jax.replication.checks import base_checks
+        from rltldr_jax.replication.driver import checks_line
+
+        checks, _ = base_checks(config, max_k=config.rollout.group_size, progress=sys.stderr.isatty())
+        print(checks_line(checks))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)
