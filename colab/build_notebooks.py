@@ -184,8 +184,9 @@ from rltldr_jax.replication.driver import run_replication
 PRESET = "smoke" if TEST_MODE else "quick"  # test mode: seconds, nothing meaningful learned
 ARMS = replicate.GRIDS[PRESET][0]
 REPLICATE_OUT = os.path.join(os.path.dirname(WORKDIR), f"colab-replicate-{PRESET}")  # next to the run of part 2
-grid = {(arm, 0): replicate.arm_config(PRESET, arm, 0, {"pretrain.cache_dir": os.path.join(REPLICATE_OUT, "pretrained")})
-        for arm in ARMS}
+# Pretrained policies are cached by their settings (runs/pretrained by default, shared with launch/replicate.py).
+CACHE = os.path.join(REPLICATE_OUT, "pretrained") if TEST_MODE else os.path.join(REPO_ROOT, "runs", "pretrained")
+grid = {(arm, 0): replicate.arm_config(PRESET, arm, 0, {"pretrain.cache_dir": CACHE}) for arm in ARMS}
 for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
     logging.getLogger(name).setLevel(logging.WARNING)  # one summary line per run instead of one per phase
 paths = run_replication(grid, REPLICATE_OUT, title=f"Small-scale replication ({PRESET})",

@@ -5,7 +5,8 @@
     python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
     python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
 
-Per seed: pretrain the policy from scratch (cached in `{out}/pretrained` by a hash of its settings), check the
+Per seed: pretrain the policy from scratch (cached in `runs/pretrained` by a hash of its settings, so presets
+and grids with the same pretraining settings share it), check the
 base policy before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks must be 0; insight-conditioned
 success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`) as an ordinary `Trainer` run in
 `{out}/runs/{arm}-s{seed}`. Runs are resumable: a finished run is skipped, a stopped one continues from its last
@@ -81,7 +82,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(grid.ARMS)}")
     out = _OUT.value or os.path.abspath(os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}"))
     overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
-    overrides.setdefault("pretrain.cache_dir", os.path.join(out, "pretrained"))
+    # Pretrained policies are cached in runs/pretrained (pretrain.cache_dir), shared by every grid: the quick
+    # preset's is the full grid's seed 0.
     try:
         configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for seed in seeds for arm in arms}
         if any(c.mode == "sft" for c in configs.values()) and "rltldr" not in arms:  # offline arms read its rollouts

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import threading
 from collections import deque
@@ -179,6 +178,11 @@ class JaxEngine:
         self._key_shape = jax.random.key_data(jax.random.key(0)).shape
         self._busy = False  # the scheduler is inside a step (guarded by _lock)
         self._admitting: list[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = []
+        # Jitted per engine (not per class, keyed on `self`): the compiled programs and the decode state they hold go
+        # when the engine does, so a process can run many engines one after another.
+        self._prefill = jax.jit(self._prefill_fn)
+        self._decode = jax.jit(self._decode_fn, donate_argnums=(1,))
+        self._insert = jax.jit(self._insert_fn, donate_argnums=(0,))
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
 
@@ -303,8 +307,7 @@ class JaxEngine:
 
     # -- jitted pieces ----------------------------------------------------------------------------------
 
-    @functools.partial(jax.jit, static_argnums=(0,))
-    def _prefill(self, params, ids, valid, temperature, top_p, top_k, key_data, counts):
+    def _prefill_fn(self, params, ids, valid, temperature, top_p, top_k, key_data, counts):
         keys = _step_keys(key_data, counts)
         model = nnx.merge(self._graphdef, params)
         state = init_decode_state(self.config, ids.shape[0], self.max_len, self._cache_dtype)
@@ -314,16 +317,14 @@ class JaxEngine:
         tokens, logprobs = sample_tokens(logits, temperature, top_p, top_k, keys)
         return tokens, logprobs, state
 
-    @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-    def _decode(self, params, state, last, active, temperature, top_p, top_k, key_data, counts):
+    def _decode_fn(self, params, state, last, active, temperature, top_p, top_k, key_data, counts):
         keys = _step_keys(key_data, counts)
         model = nnx.merge(self._graphdef, params)
         h, state = model.hidden_states(last[:, None], state=state, valid=active[:, None])
         tokens, logprobs = sample_tokens(model.logits(h)[:, 0], temperature, top_p, top_k, keys)
         return tokens, logprobs, state
 
-    @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-    def _insert(self, state, rows, sub):
+    def _insert_fn(self, state, rows, sub):
         return _with_rows(state, rows, sub)
 
     # -- scheduler ----------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
     configs = {(arm, seed): configs.replicate.arm_config(preset, arm, seed) for ...}
     paths = run_replication(configs, "runs/replicate")     # results.csv, results.md, curves.png, insight_curves.png
 
+Each piece runs in a fresh process (`isolated`): a grid of hours keeps a bounded memory, and a run that fails is
+reported at the end while the others go on.
+
 Per seed: the pretrained policy (`train.pretrain`, cached; an arm with other pretraining settings gets its own), the
 base checks of the first arm's policy (`replication.checks`, cached in `{out}/base/s{seed}/checks.json`), then
 every run of the grid (`replication.grid`, resumable), then the report
@@ -11,9 +14,12 @@ every run of the grid (`replication.grid`, resumable), then the report
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
+import logging
 import math
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +32,7 @@ from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, 
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import plan_runs, run_one
 from rltldr_jax.replication.report import write_results
-from rltldr_jax.train.pretrain import ensure_pretrained
+from rltldr_jax.train.pretrain import pretrain, pretrained_dir
 
 
 def _pct(x: float) -> str:
@@ -49,6 +55,38 @@ def checks_line(checks: Mapping[str, float]) -> str:
         f"held-in {_pct(checks['heldin_pass@1'])} %, held-out {_pct(checks['heldout_pass@1'])} %, public-rule tasks "
         f"{_pct(checks.get('easy_pass@1', math.nan))} %"
     )
+
+
+#: Loggers whose levels (and, for the package, whose stderr handler) a child process takes over from its parent.
+_LOGGERS = ("rltldr_jax", "rltldr_jax.train.loop", "rltldr_jax.train.sft", "absl", "orbax", "jax._src.xla_bridge")
+
+
+def _in_child(fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool) -> Any:
+    import jax
+
+    if xla_cache:
+        jax.config.update("jax_compilation_cache_dir", xla_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    if handler:
+        out = logging.StreamHandler()
+        out.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+        logging.getLogger("rltldr_jax").addHandler(out)
+        logging.getLogger("rltldr_jax").propagate = False
+    return fn(*args, **kwargs)
+
+
+def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a fresh process, with this process's logging levels and compilation cache; returns
+    its result or raises its exception. Every run of a grid gets its own memory (compiled programs and engines are
+    freed when it ends), and a crash ends only that call."""
+    import jax
+
+    levels = {name: logging.getLogger(name).level for name in _LOGGERS}
+    handler = bool(logging.getLogger("rltldr_jax").handlers)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler).result()
 
 
 def seed_checks(
@@ -107,13 +145,19 @@ def run_replication(
         keys = [k for k in configs if k[1] == seed]
         t = time.time()
         for k in keys:  # (arms that pretrain alike share one cached checkpoint)
-            configs[k] = ensure_pretrained(configs[k], progress=progress)
+            c = configs[k]
+            if c.pretrain.steps > 0 and not c.model.checkpoint:
+                path = pretrained_dir(c)
+                if not os.path.isfile(os.path.join(path, "pretrain.json")):
+                    isolated(pretrain, c, progress=progress)
+                configs[k] = copy.deepcopy(c)
+                configs[k].model.checkpoint = path
         pretrained = configs[keys[0]]
         others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
         echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
              + (f"; arms with other pretraining settings: {', '.join(others)}" if others else ""))
         t = time.time()
-        found, seed_curves = seed_checks(pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {}))
+        found, seed_curves = isolated(seed_checks, pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {}))
         base[seed], curves[seed] = found, seed_curves
         echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(found)}")
     runs = plan_runs(configs, out)
@@ -123,10 +167,20 @@ def run_replication(
 
         bar = tqdm(total=len(runs), desc="grid", unit="run")
     summaries = []
+    failed: list[str] = []
     try:
         for run in runs:
             t = time.time()
-            summary = run_one(run)
+            if run.depends_on and any(f.endswith(os.path.basename(run.depends_on)) for f in failed):
+                failed.append(f"{run.arm}-s{run.seed}: needs {run.depends_on}, which failed")
+                echo(f"{run.arm} seed {run.seed}: SKIPPED ({failed[-1]})")
+                continue
+            try:
+                summary = isolated(run_one, run)
+            except Exception as e:  # (a crashed process too) the other runs go on; the grid reports it at the end
+                failed.append(f"{run.arm}-s{run.seed}: {type(e).__name__}: {e}")
+                echo(f"{run.arm} seed {run.seed}: FAILED ({type(e).__name__}: {e}); rerun the grid to resume it")
+                continue
             summaries.append(summary)
             note = f" (= {run.shared_with})" if run.shared_with else ""
             echo(
@@ -143,4 +197,6 @@ def run_replication(
     n_tasks = int(next(iter(configs.values())).eval.num_tasks)
     paths.append(plot_curves(mean_curves(curves, n_tasks), os.path.join(out, "insight_curves.png")))
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): " + "; ".join(failed))
     return paths
