@@ -88,15 +88,29 @@ def demonstrations(
 
 
 def world_fingerprint(name: str) -> str:
-    """A hash of the source that generates environment `name`'s tasks and demonstrations: caches of what was
-    pretrained on them (train/pretrain.py) are invalid once it changes."""
+    """A hash of what environment `name` generates — its task splits and (for worlds that have them) a fixed sample
+    of pretraining demonstrations: caches of what was pretrained on them (train/pretrain.py) are invalid once it
+    changes, and stay valid across edits that change nothing generated."""
     _check(name)
     import hashlib
+
+    h = hashlib.sha256()
+    if name == "craft":
+        from rltldr_jax.envs import craft
+
+        for split in craft.SPLITS:
+            h.update("".join(t.to_json() for t in craft.generate_tasks(split)).encode())
+        rng = np.random.default_rng(0)
+        for statement_prob in (0.0, 0.5):
+            for _ in range(300):
+                h.update(repr(craft.demonstration(rng, statement_prob=statement_prob)).encode())
+        return h.hexdigest()[:12]
     import importlib
     import inspect
 
-    module = importlib.import_module({"sapi": "rltldr_jax.envs.sapi.tasks", "craft": "rltldr_jax.envs.craft"}.get(name, f"rltldr_jax.envs.{name}"))
-    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:12]
+    module = importlib.import_module({"sapi": "rltldr_jax.envs.sapi.tasks"}.get(name, f"rltldr_jax.envs.{name}"))
+    h.update(inspect.getsource(module).encode())
+    return h.hexdigest()[:12]
 
 
 def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
