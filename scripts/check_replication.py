@@ -49,7 +49,7 @@ def check(out: str, log: str | None, compare: bool) -> list[str]:
         if checks.get("iid_pass@64", 1.0) != 0.0:
             problems.append(f"seed {seed}: the base policy's i.i.d. Pass@64 on the hard training tasks is {checks.get('iid_pass@64')}, not 0")
     for r in rows:
-        workdir = r.get("workdir") or os.path.join(out, "runs", f"{r['arm']}-s{r['seed']}")
+        workdir = os.path.join(out, r.get("workdir") or os.path.join("runs", f"{r['arm']}-s{r['seed']}"))
         if int(float(r["env_steps"])) == 0:
             continue  # offline arms have no events of their own beyond SFT
         if not glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*")):

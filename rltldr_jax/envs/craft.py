@@ -16,7 +16,7 @@ ingredient of any gated recipe tree, so a fix is that short sub-plan before the 
 right before). The public planner (`plan`) knows only the public recipes, so its plan fails every task whose
 recipe tree gathers a gated item without its tool: those are the *hard* tasks.
 
-**Verifier and insights.** `verify` replays the plan and reports the first failed requirement in the SAPI/AppWorld
+**Verifier and insights.** `CraftEnv.verify` replays the plan and reports the first failed requirement in the SAPI/AppWorld
 report format (`>> Failed Requirement` / `assert ...`); the rule-based insight source (`insight.source=verifier`)
 turns it into the TL;DR sentence, e.g. ``Make sure that you have "torch" before gather("iron").`` The insight names
 the missing item and the action it gates — with the same tokens the plan uses for them — never the sub-plan.
@@ -30,8 +30,13 @@ targets (`HELDOUT_TARGETS`, never a training task); `train_easy` / `eval_easy` a
 recipes are world knowledge), a share of them with *made-up* requirements in context, written exactly like
 insights (``you have "X" before gather("Y")``) and obeyed by the plan, which obtains X right before gathering Y.
 This teaches the base policy to act on an insight in context, as the paper's pretrained LLM can; and as the fix
-sits next to the gated action, a rule learned on one target applies wherever that action appears. The three hidden (item, action) pairs are never used as a
-made-up requirement, so nothing about the hidden rules reaches pretraining (`test_craft.py` checks this).
+sits next to the gated action, a rule learnt on one target can apply wherever that action appears. The three
+hidden (item, action) pairs are never used as a made-up requirement, so nothing about the hidden rules reaches
+pretraining (tests/test_craft.py checks this). With `statement_prob`, some demonstrations instead state true public
+rules of their plan as insights (the declarative-pretraining experiment).
+
+**Controls.** `uninformative_insight` gives a sentence of the same form and token length as a real insight that
+says nothing about the failure (`insight.source=uninformative`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import inspect
 import json
 import logging
 import math
@@ -167,18 +168,18 @@ def run_replication(
 
         bar = tqdm(total=len(runs), desc="grid", unit="run")
     summaries = []
-    failed: list[str] = []
+    failed: dict[str, str] = {}  # workdir -> why
     try:
         for run in runs:
             t = time.time()
-            if run.depends_on and any(f.endswith(os.path.basename(run.depends_on)) for f in failed):
-                failed.append(f"{run.arm}-s{run.seed}: needs {run.depends_on}, which failed")
-                echo(f"{run.arm} seed {run.seed}: SKIPPED ({failed[-1]})")
+            if run.depends_on in failed:
+                failed[run.workdir] = f"{run.arm}-s{run.seed} needs {run.depends_on}, which failed"
+                echo(f"{run.arm} seed {run.seed}: SKIPPED ({failed[run.workdir]})")
                 continue
             try:
                 summary = isolated(run_one, run)
             except Exception as e:  # (a crashed process too) the other runs go on; the grid reports it at the end
-                failed.append(f"{run.arm}-s{run.seed}: {type(e).__name__}: {e}")
+                failed[run.workdir] = f"{run.arm}-s{run.seed}: {type(e).__name__}: {e}"
                 echo(f"{run.arm} seed {run.seed}: FAILED ({type(e).__name__}: {e}); rerun the grid to resume it")
                 continue
             summaries.append(summary)
@@ -194,9 +195,9 @@ def run_replication(
         if bar is not None:
             bar.close()
     paths = write_results(summaries, base, out, title=title)
-    n_tasks = int(next(iter(configs.values())).eval.num_tasks)
+    n_tasks = dict(checks or {}).get("num_tasks", inspect.signature(base_checks).parameters["num_tasks"].default)
     paths.append(plot_curves(mean_curves(curves, n_tasks), os.path.join(out, "insight_curves.png")))
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): " + "; ".join(failed))
+        raise RuntimeError(f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): " + "; ".join(failed.values()))
     return paths

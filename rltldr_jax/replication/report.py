@@ -130,7 +130,7 @@ def write_results(
     summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]], out: str, *, title: str = "", notes: str = ""
 ) -> list[str]:
     """results.csv, results.md and curves.png in `out`; returns their paths."""
-    rows = [[s[c] for c in COLUMNS] for s in summaries]
+    rows = [[os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] for s in summaries]  # (workdir relative to out)
     paths = [write_csv(os.path.join(out, "results.csv"), COLUMNS, rows)]
     md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
     if base:
