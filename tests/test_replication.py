@@ -184,3 +184,43 @@ def test_pretrain_launcher_prints_the_cached_checkpoint(smoke_grid):
     assert proc.stdout.strip() == pretrained_dir(replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": cache}))
     bad = subprocess.run([*cmd[:2], "--config=" + os.path.join(repo, "configs", "sapi.py:tiny")], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "pretrain.steps is 0" in bad.stderr
+
+
+def test_a_run_process_ends_with_its_grid(tmp_path):
+    """A grid stopped with `kill` (not Ctrl-C, which reaches the whole process group) leaves no run going on alone:
+    the process `isolated` started ends within seconds of its parent."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "work.py").write_text(
+        "import os, time\n\ndef work(path):\n    with open(path, 'w') as f:\n        f.write(str(os.getpid()))\n"
+        "    time.sleep(300)\n"
+    )
+    marker = tmp_path / "pid"
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from work import work; "
+            f"from rltldr_jax.replication.driver import isolated; isolated(work, {str(marker)!r})")  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        deadline = time.time() + 120
+        while not (marker.exists() and marker.read_text()) and time.time() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        child = int(marker.read_text())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.time() + 15
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.2)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the run's process outlived its killed grid")

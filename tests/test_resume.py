@@ -23,8 +23,10 @@ from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import (
     ConfigChangeError,
     RunExistsError,
+    WorkdirInUseError,
     check_config_changes,
     config_changes,
+    lock_workdir,
     move_aside,
     prepare_workdir,
     rollouts_from,
@@ -51,8 +53,8 @@ def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
     _touch(os.path.join(workdir, part))
     refused = rf"^{re.escape(workdir)} already holds a run \(.*\): continue it with --resume, start over with --restart"
     with pytest.raises(RunExistsError, match=refused):
-        Trainer(_config(workdir, 1))  # refused before anything is built or written
-    assert sorted(os.listdir(workdir)) == [part.split("/")[0]]
+        Trainer(_config(workdir, 1))  # refused before anything is built or written (but the workdir's lock file)
+    assert sorted(os.listdir(workdir)) == [".lock", part.split("/")[0]]
     moved = prepare_workdir(workdir, resume=False, restart=True)  # what Trainer(restart=True) does first
     assert moved.startswith(f"{workdir}.old-") and os.path.isfile(os.path.join(moved, part))
     assert os.listdir(workdir) == []
@@ -63,6 +65,27 @@ def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
     with pytest.raises(ValueError, match="give one of them"):
         prepare_workdir(workdir, resume=True, restart=True)
     assert prepare_workdir(str(tmp_path / "other"), resume=False, restart=False) is None  # an empty workdir is fine
+
+
+def test_one_process_per_workdir(tmp_path):
+    """The workdir lock refuses a second holder (naming the first's pid) and is free once the holder closes or dies."""
+    workdir = str(tmp_path / "run")
+    held = lock_workdir(workdir)
+    with pytest.raises(WorkdirInUseError, match=rf"^{re.escape(workdir)} is in use by another process \(pid {os.getpid()}\)"):
+        lock_workdir(workdir)
+    held.close()
+    lock_workdir(workdir).close()
+    # A process that holds it and is killed leaves no stale lock.
+    code = f"from rltldr_jax.train.resume import lock_workdir; held = lock_workdir({workdir!r}); print('held', flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(WorkdirInUseError, match=rf"\(pid {child.pid}\)"):
+            lock_workdir(workdir)
+    finally:
+        child.kill()
+        child.wait()
+    lock_workdir(workdir).close()
 
 
 def test_leftovers_are_moved_aside(tmp_path, caplog):
@@ -144,6 +167,8 @@ def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
         resumed = Trainer(_config(workdir, 1), resume=True)
     try:
+        with pytest.raises(WorkdirInUseError, match=r"is in use by another process"):  # refused before anything is built
+            Trainer(_config(workdir, 1), resume=True)
         assert "checkpoint step 1 in" in caplog.text and "falling back to step 0" in caplog.text
         assert (resumed.phase, resumed.env_steps, resumed.version) == (0, 0, 0)
         [discarded] = [d for d in os.listdir(workdir) if d.startswith("discarded-")]
@@ -169,6 +194,16 @@ def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
     assert after.keys() == before.keys() and all(len(steps) == 1 for steps in after.values()), after
     assert after["update/sft_nll"] == [redone["rollout/counts/env_steps"]]
     assert after["by_tokens/update/sft_nll"] == [redone["rollout/counts/tokens"]]
+    # --restart moves the run (its lock file with it) aside and holds the lock of the fresh workdir.
+    restarted = Trainer(_config(workdir, 1), restart=True)
+    try:
+        with pytest.raises(WorkdirInUseError):
+            lock_workdir(workdir)
+        [old] = [d for d in os.listdir(tmp_path) if d.startswith("run.old-")]
+        lock_workdir(str(tmp_path / old)).close()
+    finally:
+        restarted.close()
+    lock_workdir(workdir).close()
     gc.collect()  # orbax's reads orphaned by the damaged checkpoint end here (their warning is filtered), not later
 
 

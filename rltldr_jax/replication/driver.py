@@ -22,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,9 +63,17 @@ def checks_line(checks: Mapping[str, float]) -> str:
 _LOGGERS = ("rltldr_jax", "rltldr_jax.train.loop", "rltldr_jax.train.sft", "absl", "orbax", "jax._src.xla_bridge")
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Ends this (child) process once its parent is gone: a grid stopped with `kill` leaves no run going on alone."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _in_child(fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool) -> Any:
     import jax
 
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if xla_cache:
         jax.config.update("jax_compilation_cache_dir", xla_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

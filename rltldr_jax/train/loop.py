@@ -43,7 +43,7 @@ from rltldr_jax.train.batching import Example, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
-from rltldr_jax.train.resume import check_config_changes, move_aside, prepare_workdir, rollouts_from
+from rltldr_jax.train.resume import check_config_changes, lock_workdir, move_aside, prepare_workdir, rollouts_from
 from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
 
@@ -58,7 +58,8 @@ class Trainer:
       resume: continue from the newest intact checkpoint in the workdir (a damaged newer one is skipped with a
         warning), if any. Rollout files, checkpoints and TensorBoard events the stopped run wrote after it are
         moved aside or purged, so redone phases appear once. Without `resume` (or `restart`) a workdir that already
-        holds a run is refused (`RunExistsError`).
+        holds a run is refused (`RunExistsError`), and so is a workdir another process is running in
+        (`WorkdirInUseError`; the lock is held until `close`).
       restart: start afresh, first moving a run in the workdir to `{workdir}.old-YYYYmmdd-HHMMSS`.
       resume_step: resume from this checkpoint step (implies `resume`; no fallback).
       allow_config_change: on resume, accept changes of keys that define what the run trains (loss, optimizer,
@@ -78,8 +79,18 @@ class Trainer:
     ):
         self.config = config
         self.workdir = workdir_of(config)
-        resume = resume or resume_step is not None
-        prepare_workdir(self.workdir, resume=resume, restart=restart)
+        self._lock = lock_workdir(self.workdir)
+        try:
+            self._build(resume or resume_step is not None, restart, resume_step, allow_config_change, progress)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _build(self, resume: bool, restart: bool, resume_step: int | None, allow_config_change: bool, progress: bool) -> None:
+        config = self.config
+        if prepare_workdir(self.workdir, resume=resume, restart=restart):  # the old run (and its lock) moved aside
+            old, self._lock = self._lock, lock_workdir(self.workdir)
+            old.close()
         self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
         candidates: list[int] = []  # the checkpoint steps to resume from, in order of preference
         if resume_step is not None:
@@ -297,9 +308,12 @@ class Trainer:
         try:
             self.checkpoints.wait_until_finished()
         finally:
-            self.summary.close()
-            for engine in (self.engine, self.teacher):
-                close_engine(engine)
+            try:
+                self.summary.close()
+                for engine in (self.engine, self.teacher):
+                    close_engine(engine)
+            finally:
+                self._lock.close()
 
 
 def update_phase(

@@ -1,5 +1,6 @@
 """Starting and resuming runs in a workdir without mixing or hiding anything.
 
+    lock = lock_workdir(workdir)                              # refuses a workdir another process is running in
     prepare_workdir(workdir, resume=False, restart=False)     # refuses a workdir that holds a run (or moves it aside)
     check_config_changes(saved_config, config.to_dict(), allow=False)   # on resume: logs and refuses changes
     move_aside(workdir, paths, why)                           # leftovers of a killed phase, newer checkpoints
@@ -10,12 +11,13 @@ Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-H
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,42 @@ MISSING = object()
 
 class RunExistsError(ValueError):
     """A fresh run was asked for in a workdir that already holds a run."""
+
+
+class WorkdirInUseError(ValueError):
+    """Another process holds the workdir's lock: it is running (or resuming) a run there."""
+
+
+#: The lock file in a workdir (an advisory `flock`, held while a process runs there).
+LOCK = ".lock"
+
+
+def lock_workdir(workdir: str) -> IO[str]:
+    """Creates `workdir` if needed and holds its lock for as long as the returned file is open.
+
+    Two processes never run in one workdir: the second is refused, naming the first's pid. The lock is an `flock`,
+    so the operating system frees it when its process ends, however it ends (a killed run leaves no stale lock).
+
+    Raises:
+      WorkdirInUseError: another process holds the lock.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    f = open(os.path.join(workdir, LOCK), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip()
+        f.close()
+        raise WorkdirInUseError(
+            f"{workdir} is in use by another process{f' (pid {holder})' if holder else ''}: wait for it to end or "
+            "stop it, or give another --config.workdir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 class ConfigChangeError(ValueError):
