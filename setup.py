@@ -51,7 +51,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rltldr_jax", "rltldr_jax.*"]),
-    package_data={"rltldr_jax.engines": ["proto/sglang/runtime/v1/*.proto"]},
+    package_data={"rltldr_jax.engines": ["proto/sglang/runtime/v1/*.proto"], "rltldr_jax.replication": ["base_policies/*/*"]},
     install_requires=RUNTIME,
     extras_require=EXTRAS,
 )

@@ -223,6 +223,9 @@ def get_config() -> ml_collections.ConfigDict:
     # public rules of the plan (task -> rule statement), trained as targets next to the action.
     c.pretrain.statement_prob = 0.0
     c.pretrain.cache_dir = ""  # "" = runs/pretrained
+    # Use a base policy shipped with the package (rltldr_jax/replication/base_policies) when one has this config's
+    # pretraining key, instead of pretraining it again (the replication's seeds 0-2: about 10-20 CPU minutes each).
+    c.pretrain.shipped = True
 
     return c
 

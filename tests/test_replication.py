@@ -224,3 +224,24 @@ def test_a_run_process_ends_with_its_grid(tmp_path):
     if alive(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the run's process outlived its killed grid")
+
+
+def test_the_shipped_base_policies_match_the_replication(tmp_path):
+    """Seeds 0-2 of the replication ship pretrained; a change to the world, the recipe or the preset that changes
+    the pretraining key must come with rebuilt ones (the command is in `shipped_dir`'s docstring)."""
+    from rltldr_jax.train.pretrain import SHIPPED_DIR, pretrain, pretrain_key, shipped_dir
+
+    for seed in replicate.GRIDS["default"][1]:
+        config = replicate.arm_config("default", "rltldr", seed, {"pretrain.cache_dir": str(tmp_path)})
+        path = shipped_dir(config)
+        assert path is not None, f"no base policy for seed {seed} in {SHIPPED_DIR} (listed: {os.listdir(SHIPPED_DIR)}): rebuild them"
+        assert pretrain(config) == path  # used as is: nothing pretrained into the cache
+        assert os.listdir(tmp_path) == []
+        with open(os.path.join(path, "pretrain.json"), encoding="utf-8") as f:
+            record = json.load(f)
+        assert record["key"] == pretrain_key(config) and record["seed"] == seed
+        assert record["pretrain"]["steps"] == config.pretrain.steps and record["nll_curve"][-1][0] == config.pretrain.steps
+        assert replicate.arm_config("quick", "grpo", seed).model.preset == config.model.preset
+        assert shipped_dir(replicate.arm_config("quick", "grpo", seed, {"pretrain.cache_dir": str(tmp_path)})) == path
+    config.pretrain.shipped = False
+    assert shipped_dir(config) is None

@@ -19,7 +19,8 @@ seed and every preset of one world share it. The result is an ordinary HF checkp
 model.safetensors, tokenizer.json) that `model.checkpoint` and every launcher take, plus `pretrain.json` (the
 settings and the loss curve). It is cached under `pretrain.cache_dir` by a hash of everything it depends on
 (`pretrain_key`), written to a temporary directory and renamed when complete, so an interrupted run never leaves a
-half checkpoint that a later run would take.
+half checkpoint that a later run would take. The replication's base policies (seeds 0-2 of `configs/replicate.py`)
+ship with the package (`SHIPPED_DIR`, 1 MB each) and are used when their key matches (`pretrain.shipped`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def pretrain_key(config: Any) -> str:
     seed and the recipe version."""
     p = config.pretrain
     parts = {
-        "pretrain": {k: v for k, v in p.to_dict().items() if k != "cache_dir"},
+        "pretrain": {k: v for k, v in p.to_dict().items() if k not in ("cache_dir", "shipped")},
         "preset": config.model.preset,
         "architecture": get_preset(config.model.preset).to_hf_dict(),
         "dtype": [config.model.dtype, config.model.param_dtype],
@@ -83,6 +84,20 @@ def pretrained_dir(config: Any) -> str:
     cache = config.pretrain.cache_dir or os.path.join("runs", "pretrained")
     name = f"{config.env.name}-{config.model.preset}-s{config.seed}-{pretrain_key(config)}"
     return os.path.abspath(os.path.join(cache, name))
+
+
+#: Base policies shipped with the package, named like `pretrained_dir`'s directories (the replication's seeds).
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "replication", "base_policies")
+
+
+def shipped_dir(config: Any) -> str | None:
+    """The shipped base policy with `config`'s pretraining key, or None (none shipped, or `pretrain.shipped` off).
+    Rebuild them after a change to the world or the recipe (`python launch/pretrain.py --config=configs/replicate.py
+    --config.seed=S --config.pretrain.shipped=False --config.pretrain.cache_dir=rltldr_jax/replication/base_policies`)."""
+    if not config.pretrain.get("shipped", False):
+        return None
+    path = os.path.join(SHIPPED_DIR, os.path.basename(pretrained_dir(config)))
+    return path if os.path.isfile(os.path.join(path, "pretrain.json")) else None
 
 
 def build_tokenizer(config: Any) -> Tokenizer:
@@ -133,6 +148,10 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
     out = pretrained_dir(config)
     if os.path.isfile(os.path.join(out, "pretrain.json")):
         return out
+    shipped = shipped_dir(config)
+    if shipped is not None:
+        log.info("base policy: %s, shipped with the package (--config.pretrain.shipped=False pretrains it instead)", shipped)
+        return shipped
     t0 = time.time()
     tokenizer = build_tokenizer(config)
     arch = get_preset(config.model.preset)

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 #: `allow_config_change` (`--allow_config_change`).
 RESUME_FREE_KEYS = (
     "name", "workdir", "train.", "eval.", "engine.", "mesh.", "model.remat", "model.allow_nonfinite",
-    "rollout.save_rollouts", "batch.pad_to_multiple",
+    "rollout.save_rollouts", "batch.pad_to_multiple", "pretrain.cache_dir", "pretrain.shipped",
 )  # fmt: skip
 
 
