@@ -229,13 +229,14 @@ def test_a_run_process_ends_with_its_grid(tmp_path):
 def test_the_shipped_base_policies_match_the_replication(tmp_path):
     """Seeds 0-2 of the replication ship pretrained; a change to the world, the recipe or the preset that changes
     the pretraining key must come with rebuilt ones (the command is in `shipped_dir`'s docstring)."""
+    from rltldr_jax.replication.driver import base_policy
     from rltldr_jax.train.pretrain import SHIPPED_DIR, pretrain, pretrain_key, shipped_dir
 
     for seed in replicate.GRIDS["default"][1]:
         config = replicate.arm_config("default", "rltldr", seed, {"pretrain.cache_dir": str(tmp_path)})
         path = shipped_dir(config)
         assert path is not None, f"no base policy for seed {seed} in {SHIPPED_DIR} (listed: {os.listdir(SHIPPED_DIR)}): rebuild them"
-        assert pretrain(config) == path  # used as is: nothing pretrained into the cache
+        assert pretrain(config) == path == base_policy(config)  # used as is: nothing pretrained into the cache
         assert os.listdir(tmp_path) == []
         with open(os.path.join(path, "pretrain.json"), encoding="utf-8") as f:
             record = json.load(f)

@@ -34,7 +34,7 @@ from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, 
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import plan_runs, run_one
 from rltldr_jax.replication.report import write_results
-from rltldr_jax.train.pretrain import pretrain, pretrained_dir
+from rltldr_jax.train.pretrain import pretrain, pretrained_dir, shipped_dir
 
 
 def _pct(x: float) -> str:
@@ -99,6 +99,15 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler).result()
 
 
+def base_policy(config: Any, *, progress: bool = False) -> str:
+    """The pretrained checkpoint of `config`: cached, shipped with the package (`pretrain.shipped`), or pretrained
+    now in a fresh process."""
+    cached = pretrained_dir(config)
+    if os.path.isfile(os.path.join(cached, "pretrain.json")):
+        return cached
+    return shipped_dir(config) or isolated(pretrain, config, progress=progress)
+
+
 def seed_checks(
     config: Any, out: str, *, progress: bool = False, **sizes: int
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -157,11 +166,8 @@ def run_replication(
         for k in keys:  # (arms that pretrain alike share one cached checkpoint)
             c = configs[k]
             if c.pretrain.steps > 0 and not c.model.checkpoint:
-                path = pretrained_dir(c)
-                if not os.path.isfile(os.path.join(path, "pretrain.json")):
-                    isolated(pretrain, c, progress=progress)
                 configs[k] = copy.deepcopy(c)
-                configs[k].model.checkpoint = path
+                configs[k].model.checkpoint = base_policy(c, progress=progress)
         pretrained = configs[keys[0]]
         others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
         echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"

@@ -135,7 +135,7 @@ def _optimizer(config: Any) -> optax.GradientTransformation:
 
 def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None) -> str:
     """Pretrains `config.model.preset` from random weights (seed `config.seed`) on the environment's
-    demonstrations, or returns the cached result; returns the checkpoint directory (`pretrained_dir`).
+    demonstrations, or returns the cached (or shipped, `shipped_dir`) result; returns the checkpoint directory.
 
     Args:
       config: a validated config with `pretrain.steps > 0`.
