@@ -25,6 +25,7 @@ from launch.common import define_config_flags, parse_flags, quiet_logging, resol
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List the offline SFT ablations and exit.")
+_RESTART = flags.DEFINE_bool("restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>.")
 
 
 def main(argv: list[str]) -> None:
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.train.step import NonFiniteError
 
     try:
-        metrics = run_sft(config, progress=sys.stderr.isatty())
+        metrics = run_sft(config, progress=sys.stderr.isatty(), restart=_RESTART.value)
     except (ValueError, FileNotFoundError, NonFiniteError, CheckpointSaveError) as e:
         sys.exit(f"error: {e}")
     k = config.eval.attempts_per_task

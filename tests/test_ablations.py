@@ -175,3 +175,19 @@ def test_sft_needs_its_data(saved_run, tmp_path):
         run_sft(base.validate(tiny()))
     with pytest.raises(FileNotFoundError, match="rollout.save_rollouts=True"):
         run_sft(ablations.resolve(tiny(), "sftldr", {"sft.rollouts_dir": str(tmp_path)}))
+    # A workdir that holds a run, or that another process runs in, is refused before anything is read or built.
+    from rltldr_jax.train.resume import RunExistsError, WorkdirInUseError, lock_workdir
+
+    config = ablations.resolve(tiny(), "sftldr", {"sft.rollouts_dir": str(tmp_path)})
+    os.makedirs(tmp_path / "x" / "checkpoints" / "1")
+    with pytest.raises(RunExistsError, match="already holds a run"):
+        run_sft(config)
+    held = lock_workdir(str(tmp_path / "x"))
+    try:
+        with pytest.raises(WorkdirInUseError, match="in use by another process"):
+            run_sft(config, restart=True)
+    finally:
+        held.close()
+    with pytest.raises(FileNotFoundError, match="rollout.save_rollouts=True"):  # --restart moved the old run aside
+        run_sft(config, restart=True)
+    assert [d for d in os.listdir(tmp_path) if d.startswith("x.old-")] and not os.path.exists(tmp_path / "x" / "checkpoints")

@@ -170,9 +170,8 @@ def run_one(run: Run, *, progress: bool = False) -> dict[str, Any]:
 
         if read_summary(run.depends_on) is None:
             raise RuntimeError(f"{run.arm}-s{run.seed} needs the finished run {run.depends_on}")
-        if os.path.isdir(run.workdir):  # an offline run is short: a stopped one starts over, the old one moved aside
-            os.replace(run.workdir, f"{run.workdir}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        metrics = run_sft(run.config, progress=progress)
+        # An offline run is short: a stopped one starts over, the old one moved aside.
+        metrics = run_sft(run.config, progress=progress, restart=True)
         walltime = time.time() - t0
     else:
         from rltldr_jax.train.loop import Trainer

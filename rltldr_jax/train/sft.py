@@ -31,6 +31,7 @@ from rltldr_jax.engines.factory import close_engine, policy_engine
 from rltldr_jax.tokenization import ContextBuilder, Insight
 from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
 from rltldr_jax.train.evaluation import evaluate
+from rltldr_jax.train.resume import lock_workdir, prepare_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
@@ -97,15 +98,30 @@ def sft_examples(
     return SFTData(examples, used, int(sum(e.insight_mask.sum() for e in examples)))
 
 
-def run_sft(config: Any, *, progress: bool = False) -> dict[str, float]:
-    """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics."""
+def run_sft(config: Any, *, progress: bool = False, restart: bool = False) -> dict[str, float]:
+    """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics.
+
+    Like a `Trainer`, it refuses a workdir that holds a run (`RunExistsError`; `restart=True` moves that run to
+    `{workdir}.old-<time>` first) or that another process is running in (`WorkdirInUseError`). An offline run is not
+    resumable: a stopped one starts over.
+    """
     if config.mode != "sft":
         raise ValueError(f"config.mode={config.mode!r}: offline SFT runs need mode='sft' (an sft_* / sftldr* ablation)")
     if not config.sft.rollouts_dir:
         raise ValueError("sft.rollouts_dir is empty: give the workdir (or rollouts directory) of an RLTL;DR run, e.g. "
                          "--config.sft.rollouts_dir=runs/sapi-rltldr")  # fmt: skip
     workdir = workdir_of(config)
-    os.makedirs(workdir, exist_ok=True)
+    lock = lock_workdir(workdir)
+    try:
+        if prepare_workdir(workdir, resume=False, restart=restart):  # the old run (and its lock) moved aside
+            lock.close()
+            lock = lock_workdir(workdir)
+        return _run_sft(config, workdir, progress)
+    finally:
+        lock.close()
+
+
+def _run_sft(config: Any, workdir: str, progress: bool) -> dict[str, float]:
     builder = ContextBuilder(policy_tokenizer(config), thinking=config.rollout.thinking)
     s = config.sft
     data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
