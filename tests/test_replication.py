@@ -218,12 +218,14 @@ def test_a_run_process_ends_with_its_grid(tmp_path):
         except FileNotFoundError:
             return False
 
+    assert child != parent.pid  # the marker names the run's process, not the grid's
     deadline = time.time() + 15
     while alive(child) and time.time() < deadline:
         time.sleep(0.2)
-    if alive(child):
+    survived = alive(child)
+    if survived:
         os.kill(child, signal.SIGKILL)
-        pytest.fail("the run's process outlived its killed grid")
+    assert not survived, "the run's process outlived its killed grid"
 
 
 def test_the_shipped_base_policies_match_the_replication(tmp_path):
