@@ -34,7 +34,7 @@ from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, 
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import plan_runs, run_one
 from rltldr_jax.replication.report import write_results
-from rltldr_jax.train.pretrain import pretrain, pretrained_dir, shipped_dir
+from rltldr_jax.train.pretrain import find_pretrained, pretrain
 
 
 def _pct(x: float) -> str:
@@ -102,10 +102,7 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 def base_policy(config: Any, *, progress: bool = False) -> str:
     """The pretrained checkpoint of `config`: cached, shipped with the package (`pretrain.shipped`), or pretrained
     now in a fresh process."""
-    cached = pretrained_dir(config)
-    if os.path.isfile(os.path.join(cached, "pretrain.json")):
-        return cached
-    return shipped_dir(config) or isolated(pretrain, config, progress=progress)
+    return find_pretrained(config) or isolated(pretrain, config, progress=progress)
 
 
 def seed_checks(

@@ -43,7 +43,7 @@ from rltldr_jax.train.batching import Example, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
-from rltldr_jax.train.resume import check_config_changes, lock_workdir, move_aside, prepare_workdir, rollouts_from
+from rltldr_jax.train.resume import check_config_changes, claim_workdir, move_aside, rollouts_from
 from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
 
@@ -79,18 +79,16 @@ class Trainer:
     ):
         self.config = config
         self.workdir = workdir_of(config)
-        self._lock = lock_workdir(self.workdir)
+        resume = resume or resume_step is not None
+        self._lock = claim_workdir(self.workdir, resume=resume, restart=restart)
         try:
-            self._build(resume or resume_step is not None, restart, resume_step, allow_config_change, progress)
+            self._build(resume, resume_step, allow_config_change, progress)
         except BaseException:
             self._lock.close()
             raise
 
-    def _build(self, resume: bool, restart: bool, resume_step: int | None, allow_config_change: bool, progress: bool) -> None:
+    def _build(self, resume: bool, resume_step: int | None, allow_config_change: bool, progress: bool) -> None:
         config = self.config
-        if prepare_workdir(self.workdir, resume=resume, restart=restart):  # the old run (and its lock) moved aside
-            old, self._lock = self._lock, lock_workdir(self.workdir)
-            old.close()
         self.checkpoints = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
         candidates: list[int] = []  # the checkpoint steps to resume from, in order of preference
         if resume_step is not None:

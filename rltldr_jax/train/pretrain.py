@@ -100,6 +100,17 @@ def shipped_dir(config: Any) -> str | None:
     return path if os.path.isfile(os.path.join(path, "pretrain.json")) else None
 
 
+def find_pretrained(config: Any) -> str | None:
+    """The checkpoint `pretrain` would return without training: the cached one, else the shipped one, else None."""
+    cached = pretrained_dir(config)
+    if os.path.isfile(os.path.join(cached, "pretrain.json")):
+        return cached
+    shipped = shipped_dir(config)
+    if shipped is not None:
+        log.info("base policy: %s, shipped with the package (--config.pretrain.shipped=False pretrains it instead)", shipped)
+    return shipped
+
+
 def build_tokenizer(config: Any) -> Tokenizer:
     """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
     demonstrations (seed 0), plus the chat scaffolding's words."""
@@ -145,13 +156,10 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
     p = config.pretrain
     if p.steps <= 0:
         raise ValueError("pretrain.steps is 0: nothing to pretrain (set --config.pretrain.steps=N)")
+    found = find_pretrained(config)
+    if found is not None:
+        return found
     out = pretrained_dir(config)
-    if os.path.isfile(os.path.join(out, "pretrain.json")):
-        return out
-    shipped = shipped_dir(config)
-    if shipped is not None:
-        log.info("base policy: %s, shipped with the package (--config.pretrain.shipped=False pretrains it instead)", shipped)
-        return shipped
     t0 = time.time()
     tokenizer = build_tokenizer(config)
     arch = get_preset(config.model.preset)

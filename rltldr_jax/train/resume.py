@@ -1,7 +1,6 @@
 """Starting and resuming runs in a workdir without mixing or hiding anything.
 
-    lock = lock_workdir(workdir)                              # refuses a workdir another process is running in
-    prepare_workdir(workdir, resume=False, restart=False)     # refuses a workdir that holds a run (or moves it aside)
+    lock = claim_workdir(workdir, resume=False, restart=False)  # refuses a workdir in use or holding a run
     check_config_changes(saved_config, config.to_dict(), allow=False)   # on resume: logs and refuses changes
     move_aside(workdir, paths, why)                           # leftovers of a killed phase, newer checkpoints
 
@@ -127,6 +126,20 @@ def prepare_workdir(workdir: str, *, resume: bool, restart: bool) -> str | None:
         log.warning("moved the previous run in %s to %s", workdir, moved)
     os.makedirs(workdir, exist_ok=True)
     return moved
+
+
+def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str]:
+    """`lock_workdir` then `prepare_workdir` (a restart moves the old run, its lock file with it, and locks the fresh
+    workdir); returns the held lock, released on any error."""
+    lock = lock_workdir(workdir)
+    try:
+        if prepare_workdir(workdir, resume=resume, restart=restart):
+            lock.close()
+            lock = lock_workdir(workdir)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def move_aside(workdir: str, paths: Iterable[str], why: str) -> str | None:

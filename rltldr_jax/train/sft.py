@@ -31,7 +31,7 @@ from rltldr_jax.engines.factory import close_engine, policy_engine
 from rltldr_jax.tokenization import ContextBuilder, Insight
 from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
 from rltldr_jax.train.evaluation import evaluate
-from rltldr_jax.train.resume import lock_workdir, prepare_workdir
+from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
@@ -111,11 +111,8 @@ def run_sft(config: Any, *, progress: bool = False, restart: bool = False) -> di
         raise ValueError("sft.rollouts_dir is empty: give the workdir (or rollouts directory) of an RLTL;DR run, e.g. "
                          "--config.sft.rollouts_dir=runs/sapi-rltldr")  # fmt: skip
     workdir = workdir_of(config)
-    lock = lock_workdir(workdir)
+    lock = claim_workdir(workdir, resume=False, restart=restart)
     try:
-        if prepare_workdir(workdir, resume=False, restart=restart):  # the old run (and its lock) moved aside
-            lock.close()
-            lock = lock_workdir(workdir)
         return _run_sft(config, workdir, progress)
     finally:
         lock.close()
