@@ -79,8 +79,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_k = -1  # top-k sampling (-1 = off)
     c.rollout.save_rollouts = True  # write every phase's attempts and insights to {workdir}/rollouts
     # Not in the paper: every task gets exactly K attempts (instead of "at least K, faster tasks get more"). With
-    # workers_per_task=1 a phase is then a deterministic function of the weights and seeds (up to the engine's
-    # batching numerics), which is what the resume == uninterrupted test relies on.
+    # workers_per_task=1 a phase is then a deterministic function of the weights and seeds (bit for bit with the
+    # embedded engine's engine.batch_invariant), which is what the resume == uninterrupted test relies on.
     c.rollout.exact_group_size = False
 
     # --- Insights: when they are inserted, who writes them, what they contain (§3, A.1–A.2, Table 3) ---
@@ -173,6 +173,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.engine.request_timeout_s = 0.0  # per-attempt deadline of one generation request; 0 = none (not in the paper)
     c.engine.weight_sync_dir = ""  # shared directory for HF-format weight pushes; "" = {workdir}/weights
     c.engine.max_batch = 64  # concurrent sequences of the embedded engine
+    # Embedded engine: prefill each request alone, so that tokens and logprobs do not depend on which requests thread
+    # timing admits together (bit-reproducible runs); False prefills them as one padded batch (faster on accelerators
+    # with many concurrent prompts; results then vary at float rounding from run to run).
+    c.engine.batch_invariant = True
 
     # --- Training loop ---------------------------------------------------------------------------------
     c.train = ml_collections.ConfigDict()

@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')")  # fmt: skip
     p.add_argument("--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)")
     p.add_argument("--max_batch", type=int, default=8, help="sequences decoded concurrently")
+    p.add_argument(
+        "--batched_prefill", action="store_true",
+        help="prefill requests admitted together as one padded batch (faster with many concurrent prompts; results then "
+        "vary at float rounding with batch composition); default: each alone, bit-reproducible",
+    )  # fmt: skip
     p.add_argument("--max_len", type=int, default=4096, help="prompt + completion tokens per sequence")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
     p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
@@ -69,13 +74,17 @@ def build_engine(args: argparse.Namespace):
         except (KeyError, ValueError) as e:
             sys.exit(f"error: {e}")
         model = ModelSpec(config, dtype=dtype, param_dtype=dtype).build(seed=args.seed)
-    engine = JaxEngine(model, max_batch=args.max_batch, max_len=args.max_len, weight_version=args.weight_version)
+    engine = JaxEngine(
+        model, max_batch=args.max_batch, max_len=args.max_len, weight_version=args.weight_version,
+        batch_invariant=not args.batched_prefill,
+    )
     return engine, dtype
 
 
 def warm_up(engine) -> None:
-    """Compiles decode and the prefill of every batch bucket (1, 2, 4, ..., max_batch) at the shortest prompt
-    bucket, so that the first requests are not slow; longer prompt buckets compile on first use."""
+    """Compiles decode and the prefill of every batch bucket (1, 2, 4, ..., max_batch; only 1 is used without
+    --batched_prefill) at the shortest prompt bucket, so that the first requests are not slow; longer prompt buckets
+    compile on first use."""
     from rltldr_jax.engines import GenerationRequest, SamplingParams
 
     n = 1

@@ -45,26 +45,44 @@ def test_logprobs_equal_teacher_forced(engine, model):
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
 
 
-def test_padded_prefill_bucket(engine, model):
-    """Three requests admitted together fill a bucket of four: the padding row is dropped, not recorded."""
+def test_padded_prefill_bucket(model):
+    """Batched prefill: three requests admitted together fill a bucket of four; the padding row is dropped, not
+    recorded, and each result is its prompt's (the model's logprobs, up to rounding)."""
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in enumerate(_prompts(3, seed=13))]
-    results, finished = [], threading.Semaphore(0)
-    engine.pause()  # queue all three first, so that one admission takes them together
-    for r in requests:
-        engine.submit(r, lambda res: (results.append(res), finished.release()))
-    engine.resume()
-    for _ in requests:
-        assert finished.acquire(timeout=120)
-    assert sorted(len(r.token_ids) for r in results) == [3, 3, 3] and engine.running
+    results, finished = {}, threading.Semaphore(0)
+    with JaxEngine(model, max_batch=4, max_len=96, batch_invariant=False) as engine:
+        engine.pause()  # queue all three first, so that one admission takes them together
+        for r in requests:
+            engine.submit(r, lambda res: (results.__setitem__(res.request_id, res), finished.release()))
+        engine.resume()
+        for _ in requests:
+            assert finished.acquire(timeout=120)
+        assert engine.running
+    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
+    for request in requests:
+        result = results[request.request_id]
+        assert len(result.token_ids) == 3
+        expected = np.asarray(forward(model, jnp.asarray([request.prompt_ids + result.token_ids])))[0, len(request.prompt_ids) :]
+        np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(engine):
+    """batch_invariant (the default): a seeded request gives bit-identical tokens and logprobs alone and admitted
+    with others of other prompt lengths, in another slot (batched prefill differed here at ~1e-7)."""
     prompt = _prompts(1, seed=3)[0]
     alone = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7))])[0]
     crowd = [GenerationRequest(p, SamplingParams(max_new_tokens=5 + i)) for i, p in enumerate(_prompts(5, seed=4))]
-    together = engine.generate_many([*crowd[:2], GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7)), *crowd[2:]])
-    assert together[2].token_ids == alone.token_ids
-    np.testing.assert_allclose(together[2].logprobs, alone.logprobs, atol=2e-5)
+    engine.pause()  # queue them all first: one admission takes four of them together, the rest join as slots free
+    results, finished = {}, threading.Semaphore(0)
+    requests = [*crowd[:2], GenerationRequest(prompt, SamplingParams(max_new_tokens=10, seed=7)), *crowd[2:]]
+    for r in requests:
+        engine.submit(r, lambda res: (results.__setitem__(res.request_id, res), finished.release()))
+    engine.resume()
+    for _ in requests:
+        assert finished.acquire(timeout=120)
+    together = results[requests[2].request_id]
+    assert together.token_ids == alone.token_ids
+    assert together.logprobs == alone.logprobs
 
 
 def test_greedy_is_deterministic_and_argmax(engine, model):

@@ -33,7 +33,10 @@ def policy_engine(config: Any, model: Any, *, workdir: str, version: int = 0) ->
     if c.kind == "jax":
         from rltldr_jax.engines.jax_engine import JaxEngine
 
-        return JaxEngine(model, max_batch=c.max_batch, max_len=config.rollout.max_context_tokens, weight_version=version)
+        return JaxEngine(
+            model, max_batch=c.max_batch, max_len=config.rollout.max_context_tokens, weight_version=version,
+            batch_invariant=c.batch_invariant,
+        )
     from rltldr_jax.engines.sglang_client import SglangClient
 
     servers = _addresses(c.servers)
@@ -89,7 +92,11 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
     else:
         tokenizer = None  # the policy's
     # The same context limit as the policy's engine, which serves the judge prompts when source="policy".
-    return JaxEngine(model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens), tokenizer
+    engine = JaxEngine(
+        model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens,
+        batch_invariant=config.engine.batch_invariant,
+    )  # fmt: skip
+    return engine, tokenizer
 
 
 def close_engine(engine: Any) -> None:

@@ -1,8 +1,7 @@
 """The embedded generation engine: batched prefill and decode of a Qwen 3.5 model with its decode state.
 
 A background thread runs the scheduler. Requests wait in a queue; whenever slots are free, waiting requests
-are prefilled together (a right-padded sub-batch, bucketed to powers of two) and their states are written into
-their slots; then one decode step advances every active slot. A finished request frees its slot at once, so
+are prefilled and their states are written into their slots; then one decode step advances every active slot. A finished request frees its slot at once, so
 new requests are admitted while others are still decoding. Shapes are fixed per bucket, so the jitted
 functions compile a bounded number of times.
 
@@ -11,6 +10,15 @@ logprob is that of the sampled token under this (truncated, renormalised) distri
 without truncation it equals the model's teacher-forced logprob. Each request's randomness comes from its own
 key (its seed, or a fresh one), folded with the token index: a seeded completion is the same whatever else
 is in the batch.
+
+Batch invariance. Which requests are admitted together depends on thread timing, and float rounding depends on
+the shapes of the matrix products: a prompt prefilled in a [2, 128] sub-batch gets a decode state that differs
+at ~1e-6 from the same prompt prefilled in a [1, 32] one, and a run's later phases then drift apart. With
+`batch_invariant=True` (the default) each request is prefilled on its own, in a [1, bucket(prompt length)] call,
+and decode always runs the full [max_batch, 1] step, whose rows do not interact: the same weights and seeds give
+bit-identical tokens and logprobs whatever else runs. `batch_invariant=False` prefills the requests admitted
+together as one right-padded sub-batch (bucketed to powers of two): fewer, larger calls, which pays off on an
+accelerator with many concurrent prompts, at the price of that rounding-level variation.
 """
 
 from __future__ import annotations
@@ -148,15 +156,24 @@ class JaxEngine:
       max_len: tokens per slot, prompt + completion; longer requests are rejected with ValueError.
       cache_dtype: dtype of the KV and conv caches (the recurrent state is always float32).
       weight_version: the version label of `model`'s weights.
+      batch_invariant: prefill each request alone, so results do not depend on batch composition (module doc).
     """
 
     def __init__(
-        self, model: Qwen35, *, max_batch: int = 8, max_len: int = 4096, cache_dtype: Any = None, weight_version: int = 0
+        self,
+        model: Qwen35,
+        *,
+        max_batch: int = 8,
+        max_len: int = 4096,
+        cache_dtype: Any = None,
+        weight_version: int = 0,
+        batch_invariant: bool = True,
     ):
         self.config = model.config
         self.dtype = model.dtype  # compute dtype of the forward pass
         self.max_batch = max_batch
         self.max_len = max_len
+        self.batch_invariant = batch_invariant
         # The engine runs the `unrolled` twin of the model (one array per layer, a copy of the weights): reading a
         # layer out of stacked weights inside the compiled step would copy it at every token.
         self._graphdef, params = nnx.split(unroll(model))
@@ -344,7 +361,7 @@ class JaxEngine:
         return temperature, top_p, top_k, key_data, counts
 
     def _admit(self, params, version: int) -> None:
-        """Prefills as many waiting requests as there are free slots, as one bucketed sub-batch."""
+        """Prefills as many waiting requests as there are free slots: each alone (batch_invariant) or together."""
         free = [i for i, s in enumerate(self._slots) if s is None]
         with self._lock:
             batch = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
@@ -358,6 +375,20 @@ class JaxEngine:
                 self._seed_counter += 1
                 seed = int(self._seed_counter)
             actives.append(_Active(request, done, np.asarray(jax.random.key_data(jax.random.key(seed)))))
+        groups = [[a] for a in actives] if self.batch_invariant else [actives]
+        placed = []
+        for group in groups:
+            slots = free[len(placed) : len(placed) + len(group)]
+            placed += [(slot, *sampled) for slot, sampled in zip(slots, self._prefill_group(params, group, slots))]
+        for slot, a in zip(free, actives):
+            self._slots[slot] = a
+        self._admitting = []
+        for slot, token, logprob in placed:
+            self._record(slot, token, logprob, version)
+
+    def _prefill_group(self, params, actives: list[_Active], slots: list[int]) -> list[tuple[int, float]]:
+        """Prefills `actives` as one right-padded sub-batch (rows and length bucketed to powers of two), writes
+        their states into `slots` and returns each one's first (token, logprob)."""
         n = _bucket(len(actives))
         length = _bucket(max(len(a.request.prompt_ids) for a in actives), MIN_PREFILL_BUCKET)
         ids = np.zeros((n, length), np.int32)
@@ -367,14 +398,10 @@ class JaxEngine:
             valid[r, : len(a.request.prompt_ids)] = True
         tokens, logprobs, sub = self._prefill(params, ids, valid, *self._sampling_arrays(actives, n))
         rows = np.full(n, self.max_batch, np.int32)  # padding rows point past the end and are dropped
-        rows[: len(actives)] = free[: len(actives)]
+        rows[: len(actives)] = slots
         self._state = self._insert(self._state, rows, sub)
-        for slot, a in zip(rows, actives):
-            self._slots[slot] = a
-        self._admitting = []
         k = len(actives)  # rows past k are bucket padding
-        for slot, token, logprob in zip(rows[:k], np.asarray(tokens)[:k], np.asarray(logprobs)[:k]):
-            self._record(int(slot), int(token), float(logprob), version)
+        return [(int(t), float(lp)) for t, lp in zip(np.asarray(tokens)[:k], np.asarray(logprobs)[:k])]
 
     def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
         """Appends a sampled token to a slot; finishes the request when it stops or reaches its budget."""
