@@ -35,6 +35,17 @@ from rltldr_jax.models.config import FULL, Qwen35Config
 Array = jax.Array
 # Attention queries are processed in chunks of this many: scores are [B, H, chunk, S], not [B, H, T, S].
 ATTENTION_QUERY_CHUNK = 512
+#: Attention implementations (`Qwen35(attention_impl=...)`, `ModelSpec.attention_impl`):
+#:   "xla": `causal_attention`, the reference: every query chunk against every key, masked.
+#:   "blocked": `blocked_causal_attention`, the same attention with an online softmax over key blocks that skips
+#:     blocks no query of a chunk can see (about half the work of a causal prefix); the fast one on CPU.
+#:   "cudnn": `cudnn_causal_attention`, cuDNN's fused flash attention through `jax.nn.dot_product_attention`
+#:     (NVIDIA GPUs, bfloat16/float16 compute).
+#:   "auto": "blocked" on CPU; "cudnn" on an NVIDIA GPU where cuDNN supports the dtype and head size; else "xla".
+ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn")
+# Queries per chunk and keys per block of `blocked_causal_attention`: [B, H, 256, 256] fp32 score blocks stay in
+# a CPU's cache (512 was up to 10x slower on this model's CPU benchmark shapes, 128 slower by loop overhead).
+ATTENTION_BLOCK = 256
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -180,6 +191,55 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     return jnp.concatenate([rot * cos + rotated * sin, rest], axis=-1)
 
 
+def check_attention_impl(impl: str) -> str:
+    """`impl` if it names an attention implementation, else a ValueError that lists them."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl={impl!r} is not an attention implementation; choose one of {', '.join(ATTENTION_IMPLS)}")
+    return impl
+
+
+def _default_device() -> jax.Device:
+    """The device a computation without placed inputs runs on: `jax.default_device` if set, else jax.devices()[0]."""
+    dev = jax.config.jax_default_device
+    if isinstance(dev, jax.Device):
+        return dev
+    return jax.devices(dev)[0] if isinstance(dev, str) else jax.devices()[0]
+
+
+def cudnn_attention_problem(dtype, head_dim: int, device: jax.Device | None = None) -> str | None:
+    """Why cuDNN's fused attention cannot run these inputs on `device` (default: the default device), or None.
+
+    cuDNN flash attention needs an NVIDIA GPU of compute capability >= 8.0, bfloat16 or float16 inputs, and a head
+    size that is a multiple of 8 and at most 128 (256 from Hopper, capability 9.0, on).
+    """
+    device = device or _default_device()
+    capability = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or capability is None or "nvidia" not in device.device_kind.lower():
+        return f"no NVIDIA GPU (the device is {device.device_kind!r}, platform {device.platform})"
+    major_minor = tuple(int(x) for x in str(capability).split(".")[:2])
+    if major_minor < (8, 0):
+        return f"compute capability {capability} < 8.0"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"{jnp.dtype(dtype).name} compute (cuDNN fused attention takes bfloat16 or float16)"
+    limit = 256 if major_minor >= (9, 0) else 128
+    if head_dim % 8 or head_dim > limit:
+        return f"head_dim={head_dim} (cuDNN needs a multiple of 8, at most {limit} on compute capability {capability})"
+    return None
+
+
+def resolve_attention_impl(impl: str, dtype, head_dim: int) -> str:
+    """The implementation `impl` stands for on the default device: "auto" picks "blocked" on CPU, "cudnn" where
+    `cudnn_attention_problem` finds none, else "xla"; an explicit "cudnn" that cannot run raises, saying why."""
+    check_attention_impl(impl)
+    if impl == "auto":
+        if _default_device().platform == "cpu":
+            return "blocked"
+        return "cudnn" if cudnn_attention_problem(dtype, head_dim) is None else "xla"
+    if impl == "cudnn" and (problem := cudnn_attention_problem(dtype, head_dim)) is not None:
+        raise ValueError(f"attention_impl='cudnn' cannot run here: {problem}; use attention_impl='auto' or 'xla'")
+    return impl
+
+
 def causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_QUERY_CHUNK) -> Array:
     """Grouped-query attention where query i sees key j iff k_pos[j] <= q_pos[i].
 
@@ -215,13 +275,123 @@ def causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, c
     return out.swapaxes(0, 1).reshape(b, n * chunk, h, d)[:, :t]
 
 
+def blocked_causal_attention(
+    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_BLOCK,
+    key_block: int = ATTENTION_BLOCK,
+) -> Array:  # fmt: skip
+    """`causal_attention` that skips the key blocks no query of a chunk can see (flash-attention style).
+
+    Queries go in chunks of `chunk`, keys in blocks of `key_block`. For each query chunk a scan over the key blocks
+    keeps a running max, normaliser and weighted sum (online softmax, fp32); a block whose smallest key position is
+    above the chunk's largest query position in every row is skipped (`lax.cond`), so a causal prefix costs about
+    half the score and value matmuls of the reference, and a prefill into a long cache skips the empty slots. Which
+    blocks run is decided from the positions at run time: any positions give the reference's result (within fp32
+    rounding), under jit and grad alike. The only difference: a query that sees no key at all (which the model never
+    asks for) averages the values of the blocks that ran instead of all values.
+
+    Args:
+      q: [B, T, H, D]; k, v: [B, S, KV, D] with H % KV == 0 (query head h uses KV head h // (H/KV)).
+      q_pos: [B, T] positions of the queries; k_pos: [B, S] positions of the keys (query i sees key j iff
+        k_pos[j] <= q_pos[i]; a large value masks a key).
+      chunk: queries per chunk; key_block: keys per block. Scores [B, KV, H/KV, chunk, key_block] fp32 are the
+        largest temporaries; each query chunk is rematerialised in the backward pass.
+
+    Returns:
+      [B, T, H, D] in q.dtype.
+    """
+    b, t, h, d = q.shape
+    s, kv = k.shape[1], k.shape[2]
+    g = h // kv
+    chunk, key_block = min(chunk, t), min(key_block, s)
+    n, m = -(-t // chunk), -(-s // key_block)
+    scale = d**-0.5
+    lowest = jnp.finfo(jnp.float32).min
+    # Padded queries see nothing (lowest position), padded keys are seen by nothing (highest position).
+    qp = jnp.pad(q, ((0, 0), (0, n * chunk - t), (0, 0), (0, 0))).reshape(b, n, chunk, kv, g, d).transpose(1, 0, 3, 4, 2, 5)
+    pp = jnp.pad(q_pos, ((0, 0), (0, n * chunk - t)), constant_values=jnp.iinfo(jnp.int32).min).reshape(b, n, chunk).swapaxes(0, 1)
+    blocks = lambda x: jnp.pad(x, ((0, 0), (0, m * key_block - s), (0, 0), (0, 0))).reshape(b, m, key_block, kv, d).transpose(1, 0, 3, 2, 4)  # noqa: E731
+    kb, vb = blocks(k), blocks(v)  # [m, B, KV, key_block, D]
+    kp = jnp.pad(k_pos, ((0, 0), (0, m * key_block - s)), constant_values=jnp.iinfo(jnp.int32).max).reshape(b, m, key_block).swapaxes(0, 1)
+    first_key = kp.min(axis=2)  # [m, B]
+
+    def one_chunk(xs):
+        qc, qpos = xs  # [B, KV, G, c, D], [B, c]
+        last_query = qpos.max(axis=1)  # [B]
+
+        def update(carry, kc, vc, kpos):
+            mx, den, acc = carry
+            scores = jnp.einsum("bkgcd,bksd->bkgcs", qc, kc, preferred_element_type=jnp.float32) * scale
+            scores = jnp.where(kpos[:, None, None, None, :] <= qpos[:, None, None, :, None], scores, lowest)
+            new_mx = jnp.maximum(mx, scores.max(axis=-1))
+            p = jnp.exp(scores - new_mx[..., None])
+            alpha = jnp.exp(mx - new_mx)
+            pv = jnp.einsum("bkgcs,bksd->bkgcd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
+            return new_mx, den * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv
+
+        def body(carry, ys):
+            kc, vc, kpos, first = ys
+            visible = jnp.any(first <= last_query)
+            return jax.lax.cond(visible, lambda c: update(c, kc, vc, kpos), lambda c: c, carry), None
+
+        stats = qc.shape[:-1]
+        init = (jnp.full(stats, lowest, jnp.float32), jnp.zeros(stats, jnp.float32), jnp.zeros(qc.shape, jnp.float32))
+        (_, den, acc), _ = jax.lax.scan(body, init, (kb, vb, kp, first_key))
+        return (acc / jnp.where(den > 0, den, 1.0)[..., None]).astype(q.dtype)
+
+    out = jax.lax.map(jax.checkpoint(one_chunk), (qp, pp))  # [n, B, KV, G, c, D]
+    return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, n * chunk, h, d)[:, :t]
+
+
+def cudnn_causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, in_order: bool = False) -> Array:
+    """`causal_attention` by cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`).
+
+    Args:
+      q: [B, T, H, D]; k, v: [B, S, KV, D] (GQA as in `causal_attention`), bfloat16 or float16.
+      q_pos, k_pos: [B, T], [B, S] positions, as in `causal_attention`.
+      in_order: the keys are the queries' own tokens (S == T) with positions increasing along each row, so the mask
+        k_pos[j] <= q_pos[i] is j <= i: cuDNN's causal mask, which skips the masked blocks (a full forward, training).
+        Otherwise the position mask goes to cuDNN as a [B, 1, T, S] mask (a prefill into a decode cache).
+
+    Returns:
+      [B, T, H, D] in q.dtype.
+    """
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    if in_order:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    mask = k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+
+
+def attention(
+    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, impl: str = "auto", in_order: bool = False
+) -> Array:
+    """Causal GQA attention by the implementation `impl` (one of ATTENTION_IMPLS; "auto" resolved for q's dtype and
+    the default device): q [B, T, H, D], k, v [B, S, KV, D], positions as in `causal_attention` → [B, T, H, D].
+    `in_order` as in `cudnn_causal_attention` (only the cuDNN path uses it)."""
+    impl = resolve_attention_impl(impl, q.dtype, q.shape[-1])
+    if impl == "blocked":
+        return blocked_causal_attention(q, k, v, q_pos, k_pos, chunk=ATTENTION_BLOCK, key_block=ATTENTION_BLOCK)
+    if impl == "cudnn":
+        return cudnn_causal_attention(q, k, v, q_pos, k_pos, in_order=in_order)
+    return causal_attention(q, k, v, q_pos, k_pos)
+
+
 class Attention(nnx.Module):
     """Gated full attention: q/gate from one projection (per head [q | gate]), q/k RMSNorm per head, partial
-    RoPE, GQA, output · sigmoid(gate) before o_proj."""
+    RoPE, GQA, output · sigmoid(gate) before o_proj.
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
+    `attention_impl` (ATTENTION_IMPLS) computes softmax(q kᵀ/√D + causal mask) v of a full forward or a prefill; a
+    one-token decode step always uses the reference `causal_attention`. Without a cache the fused cuDNN path masks by
+    token order (query t sees keys <= t), which is the reference's position mask because a full forward's positions
+    increase along each row.
+    """
+
+    def __init__(
+        self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False, attention_impl: str = "auto"
+    ):
         c = config
         self.config = c
+        self.attention_impl = check_attention_impl(attention_impl)
         self.q_proj = _linear(c.hidden_size, c.num_attention_heads * c.head_dim * 2, dtype, param_dtype, rngs, rows)
         self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs, rows)
         self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, param_dtype, rngs, rows)
@@ -245,14 +415,15 @@ class Attention(nnx.Module):
         q, k, v = (sharding.constrain(t, heads) for t in (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
 
         if cache is None:
-            out = causal_attention(q, k, v, positions, positions)
+            out = attention(q, k, v, positions, positions, impl=self.attention_impl, in_order=True)
             new_cache = None
         else:
             write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0))
             k_all = write(cache.k, k.astype(cache.k.dtype), lengths)
             v_all = write(cache.v, v.astype(cache.v.dtype), lengths)
             slots = jnp.broadcast_to(jnp.arange(k_all.shape[1], dtype=jnp.int32), (b, k_all.shape[1]))
-            out = causal_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots)
+            impl = self.attention_impl if t > 1 else "xla"  # decode: one query against the cache
+            out = attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots, impl=impl)
             new_cache = AttentionCache(k_all, v_all)
         out = out.reshape(b, t, -1) * jax.nn.sigmoid(gate.reshape(b, t, -1))
         return self.o_proj(out), new_cache
@@ -323,12 +494,15 @@ class GatedDeltaNet(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual layer: h = x + mixer(norm(x)); y = h + mlp(norm(h))."""
 
-    def __init__(self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False):
+    def __init__(
+        self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False,
+        attention_impl: str = "auto",
+    ):  # fmt: skip
         self.kind = kind
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         if kind == FULL:
-            self.self_attn = Attention(config, dtype, param_dtype, rngs, rows)
+            self.self_attn = Attention(config, dtype, param_dtype, rngs, rows, attention_impl)
         else:
             self.linear_attn = GatedDeltaNet(config, dtype, param_dtype, rngs, rows)
         self.mlp = MLP(config, dtype, param_dtype, rngs, rows)
@@ -369,10 +543,11 @@ def scan_stacked(module: nnx.Module, fn, carry, xs, *, remat: bool = False):
 class Block(nnx.Module):
     """One repetition of the layer pattern, as runs of stacked same-type layers (3 × DeltaNet, 1 × attention)."""
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
         self.runs = nnx.List(
-            [stacked(lambda kind=kind: DecoderLayer(config, kind, dtype, param_dtype, rngs), n) for kind, n in config.block_runs]
-        )
+            [stacked(lambda kind=kind: DecoderLayer(config, kind, dtype, param_dtype, rngs, attention_impl=attention_impl), n)
+             for kind, n in config.block_runs]
+        )  # fmt: skip
 
     def __call__(self, x, positions, caches, lengths, valid, remat: bool = False):
         """Scans each run's layers in order; returns (x, per-run caches)."""
@@ -395,10 +570,11 @@ class Block(nnx.Module):
 class UnrolledBlock(nnx.Module):
     """One repetition of the layer pattern with a separate module (own weight arrays) per layer: runs[r][j]."""
 
-    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
         self.runs = nnx.List(
-            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs, rows=True) for _ in range(n)]) for kind, n in config.block_runs]
-        )
+            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs, rows=True, attention_impl=attention_impl) for _ in range(n)])
+             for kind, n in config.block_runs]
+        )  # fmt: skip
 
 
 class Qwen35(nnx.Module):
@@ -413,14 +589,17 @@ class Qwen35(nnx.Module):
         run by `lax.scan` (the default, which training, checkpoints and sharding use). For decoding: reading a
         layer's weights out of a stack inside a compiled step copies them (XLA cannot hand a slice of a buffer
         to a matmul), which dominates a small-batch decode step. Build it from a stacked model with `unroll`.
+      attention_impl: how the attention layers compute a full forward or a prefill (ATTENTION_IMPLS): "auto" (the
+        default) picks the block-skipping one on CPU and cuDNN's fused one on NVIDIA GPUs with bf16/fp16 compute.
       rngs: parameter initialisation.
     """
 
     def __init__(
         self, config: Qwen35Config, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
-        unrolled: bool = False, rngs: nnx.Rngs,
+        unrolled: bool = False, attention_impl: str = "auto", rngs: nnx.Rngs,
     ):  # fmt: skip
         self.config = config
+        self.attention_impl = check_attention_impl(attention_impl)
         self.dtype = dtype
         self.remat = remat
         self.unrolled = unrolled
@@ -429,9 +608,9 @@ class Qwen35(nnx.Module):
             embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
         )  # fmt: skip
         if unrolled:
-            self.blocks = nnx.List([UnrolledBlock(config, dtype, param_dtype, rngs) for _ in range(config.num_blocks)])
+            self.blocks = nnx.List([UnrolledBlock(config, dtype, param_dtype, rngs, attention_impl) for _ in range(config.num_blocks)])
         else:
-            self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs), config.num_blocks)
+            self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs, attention_impl), config.num_blocks)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         if config.tie_word_embeddings:
             self.lm_head = None
@@ -588,9 +767,21 @@ def unroll(model: Qwen35) -> Qwen35:
     if model.unrolled:
         return model
     graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=True, rngs=nnx.Rngs(0)))
+        nnx.eval_shape(lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=True,
+                                      attention_impl=model.attention_impl, rngs=nnx.Rngs(0)))  # fmt: skip
     )
     return nnx.merge(graphdef, unroll_state(nnx.state(model)))
+
+
+def with_attention_impl(model: Qwen35, impl: str) -> Qwen35:
+    """The same model, sharing its arrays, with its attention computed by `impl` (ATTENTION_IMPLS), e.g. the
+    reference "xla" for a model that `load_pretrained` built with "auto"."""
+    check_attention_impl(impl)
+    abstract = nnx.eval_shape(
+        lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=model.unrolled, attention_impl=impl,
+                       rngs=nnx.Rngs(0))
+    )  # fmt: skip
+    return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
 
 
 def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None) -> tuple[Array, Array]:
@@ -612,15 +803,18 @@ def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024, needed: A
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """How to build a model: architecture, dtypes, remat (what `configs/base.py`'s `model.*` fields map to)."""
+    """How to build a model: architecture, dtypes, remat (what `configs/base.py`'s `model.*` fields map to), and the
+    attention implementation (ATTENTION_IMPLS; "auto" picks per backend)."""
 
     config: Qwen35Config
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     remat: bool = False
+    attention_impl: str = "auto"
 
     def build(self, seed: int = 0) -> Qwen35:
-        return Qwen35(self.config, dtype=self.dtype, param_dtype=self.param_dtype, remat=self.remat, rngs=nnx.Rngs(seed))
+        return Qwen35(self.config, dtype=self.dtype, param_dtype=self.param_dtype, remat=self.remat,
+                      attention_impl=self.attention_impl, rngs=nnx.Rngs(seed))  # fmt: skip
 
     def abstract(self) -> Qwen35:
         """The model with ShapeDtypeStruct leaves: no memory, for AOT compilation and sharded loading."""
