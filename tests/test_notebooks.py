@@ -1,5 +1,6 @@
-"""The colab/ notebooks: clean nbformat-4 files that match their generator, and every notebook run top to bottom
-(in a fresh Python process each, in order, sharing one run directory) in test mode, checked on what they write."""
+"""The colab/ notebooks: clean nbformat-4 files that are exactly what their jupytext percent-format sources
+(colab/NN_name.py) build, and every notebook run top to bottom (in a fresh Python process each, in order, sharing
+one run directory) in test mode, checked on what they write."""
 
 from __future__ import annotations
 
@@ -54,7 +55,15 @@ def _csv(path: str) -> list[dict[str, str]]:
 
 def test_notebooks_are_clean_and_generated():
     """Valid nbformat 4 JSON, no stored outputs or execution counts, no `!`/`%` lines, and the files are exactly
-    what colab/build_notebooks.py writes (so the generator is the reviewed source)."""
+    what colab/build_notebooks.py builds from their paired percent-format sources (so the .py files are the reviewed
+    source), which are plain Python as a whole."""
+    sources = sorted(name for name in os.listdir(COLAB) if name.endswith(".py") and name[:2].isdigit())
+    assert sources == [os.path.splitext(name)[0] + ".py" for name in NOTEBOOKS]
+    for name in sources:
+        with open(os.path.join(COLAB, name), encoding="utf-8") as f:
+            text = f.read()
+        assert text.startswith("# %%"), f"{name}: not a jupytext percent-format source"
+        compile(text, name, "exec")
     for name in NOTEBOOKS:
         nb = _load(name)
         assert nb["nbformat"] == 4 and isinstance(nb["nbformat_minor"], int) and isinstance(nb["metadata"], dict), name
