@@ -139,14 +139,20 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.judge_sft_filter = "all"  # all | next_success (only insights after which the next attempt succeeded)
 
     # --- Optimizer (A.4, Table 4) ----------------------------------------------------------------------
+    # Update = clip (grad_clip_norm) -> rule (name) scaled by lr(t), t = optimizer steps taken (skipped non-finite
+    # steps do not count). The same keys build the offline SFT baselines' optimizer, with sft.learning_rate as lr.
     c.optim = ml_collections.ConfigDict()
-    c.optim.name = "adamw"  # not in the paper: AdamW, as in the GRPO stacks it builds on
+    # not in the paper: AdamW, as in the GRPO stacks it builds on. adamw | adam (no weight decay) | sgd (plain, no
+    # momentum; b1/b2/eps unused). weight_decay != 0 is accepted only with adamw.
+    c.optim.name = "adamw"
     c.optim.learning_rate = 3e-6  # constant, no warmup (Table 4)
+    # lr(t) = learning_rate * min(t, warmup_steps) / warmup_steps: linear from 0 at step 0 to learning_rate at step
+    # warmup_steps, constant after (not in the paper); 0 = constant learning_rate from the first step.
     c.optim.warmup_steps = 0
-    c.optim.b1 = 0.9  # not in the paper
-    c.optim.b2 = 0.999  # not in the paper
+    c.optim.b1 = 0.9  # not in the paper (Adam's first-moment decay)
+    c.optim.b2 = 0.999  # not in the paper (Adam's second-moment decay)
     c.optim.eps = 1e-8  # not in the paper
-    c.optim.weight_decay = 0.0  # not in the paper
+    c.optim.weight_decay = 0.0  # not in the paper; decoupled (AdamW), only with optim.name=adamw
     c.optim.grad_clip_norm = 1.0  # global-norm clip (Fig. 4 caption: fires on nearly every update); 0 = no clipping
 
     # --- Update phase (Table 4, bottom) ----------------------------------------------------------------
@@ -177,6 +183,22 @@ def get_config() -> ml_collections.ConfigDict:
     # timing admits together (bit-reproducible runs); False prefills them as one padded batch (faster on accelerators
     # with many concurrent prompts; results then vary at float rounding from run to run).
     c.engine.batch_invariant = True
+    # Embedded engine: byte budget (MiB) of its prefix cache, the decode states at prefill_chunk boundaries of prompts,
+    # so that requests sharing a prompt prefix (a task's K attempts, the steps of an attempt) skip prefilling it;
+    # results are bit-identical with or without it. Only with batch_invariant. 0 = off. Not in the paper.
+    c.engine.prefix_cache_mb = 1024
+    # Embedded engine, batch_invariant: prompts are prefilled in calls of this many tokens (a power of two >= 16),
+    # aligned from position 0; 128 measured best on CPU with the prefix cache; an accelerator may prefer larger calls.
+    c.engine.prefill_chunk = 128
+    # Embedded engine: dtype of its copy of the weight matrices; "" = the model's. "bfloat16" halves the bytes a decode
+    # step reads (~2x faster decode on CPU), with float32 accumulation; its logprobs then differ slightly from the
+    # trainer's (update/first_minibatch/logprob_gap). Not in the paper.
+    c.engine.weights_dtype = ""
+    # Servers (kind=grpc | sglang) must sample from the trainer's weights from the first phase on. At start (fresh or
+    # resumed) the trainer pushes its weights as its current version unless every server proves it serves them
+    # (launch/serve.py reports a weights fingerprint). SGLang reports none, so it gets the push, unless this is True:
+    # the fast path when the servers were started from model.checkpoint (fresh run) at the trainer's weight version.
+    c.engine.assume_initial_weights = False
 
     # --- Training loop ---------------------------------------------------------------------------------
     c.train = ml_collections.ConfigDict()
@@ -184,10 +206,21 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_phases = 0  # also stop after this many collection+update phases; 0 = no limit
     c.train.checkpoint_every = 1  # phases between checkpoints
     c.train.keep_checkpoints = 3  # most recent checkpoints kept
+    # Not in the paper: collect phase n + 1 in the background with the weights of version n while the trainer updates
+    # on phase n (one version of lag, corrected by the importance ratio; logged as rollout/weight_version_gap). A
+    # resumed run collects its first phase synchronously, so resume == uninterrupted holds only without it.
+    c.train.overlap_phases = False
     # An optimizer step whose loss or gradient norm is NaN/inf is skipped (parameters and optimizer state
     # unchanged, counted as update/skipped_nonfinite); after this many skipped steps in a row the run stops with an
     # error, its last checkpoint intact. 0 = never stop. Not in the paper.
     c.train.max_nonfinite_skips = 5
+    # Before a phase's update changes anything, its first minibatch compares the sampler's logprobs with the trainer's
+    # (update/first_minibatch/logprob_gap: the mean of trainer - sampler over the GRPO tokens, about -KL(sampler ||
+    # trainer)). Beyond this many nats per token the engine is not sampling from the trainer's policy (other weights,
+    # a tokenizer or chat-template mismatch, top-p/top-k truncation) and the run stops before saving anything. The
+    # fp32 engines sit at ~1e-6. 0 = never stop. Checked only with loss.insight_rollouts=in_context (off_policy and
+    # self_distill train on other contexts than were sampled). Not in the paper.
+    c.train.max_logprob_gap = 0.1
 
     # --- Evaluation: held-out tasks, fixed attempts, no insights (§4.1, D.1) -------------------------
     c.eval = ml_collections.ConfigDict()
@@ -257,6 +290,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "loss.judge_sft_filter": ("all", "next_success"),
     "optim.name": ("adamw", "adam", "sgd"),
     "engine.kind": ("jax", "sglang", "grpc"),
+    "engine.weights_dtype": ("", "float32", "bfloat16"),
     "sft.data": ("rollouts", "insights"),
 }
 
@@ -298,12 +332,15 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "batch.grad_accum_steps": (1, None, True, True),
     "batch.pad_to_multiple": (1, None, True, True),
     "engine.max_batch": (1, None, True, True),
+    "engine.prefix_cache_mb": (0, None, True, True),
+    "engine.prefill_chunk": (16, None, True, True),
     "engine.request_timeout_s": (0, None, True, True),
     "train.env_step_budget": (0, None, True, True),
     "train.max_phases": (0, None, True, True),
     "train.checkpoint_every": (1, None, True, True),
     "train.keep_checkpoints": (1, None, True, True),
     "train.max_nonfinite_skips": (0, None, True, True),
+    "train.max_logprob_gap": (0.0, None, True, True),
     "eval.every": (0, None, True, True),
     "eval.num_tasks": (0, None, True, True),
     "eval.attempts_per_task": (1, None, True, True),
@@ -387,6 +424,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
         errors.append(
             "rollout.exact_group_size=True with rollout.workers_per_task > 1: concurrent chains of one task make the "
             "insight schedule depend on timing; use workers_per_task=1"
+        )
+    if c.optim.weight_decay != 0 and c.optim.name != "adamw":
+        errors.append(
+            f"optim.weight_decay={c.optim.weight_decay} with optim.name={c.optim.name!r} would be ignored: set "
+            "optim.weight_decay=0, or optim.name=adamw for decoupled weight decay"
         )
     if c.rollout.top_k == 0 or c.rollout.top_k < -1:
         errors.append(f"rollout.top_k={c.rollout.top_k}: use -1 (off) or a positive k")

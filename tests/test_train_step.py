@@ -31,8 +31,10 @@ def model():
 
 def _config(max_skips: int = 5, ppo_epochs: int = 1):
     c = sapi.get_config("tiny")
+    # The examples' sampler logprobs are made up, not sampled: the logprob-gap guard would stop every phase.
     base.override(c, {"batch.micro_batch_size": 1, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": T,
-                      "batch.ppo_epochs": ppo_epochs, "train.max_nonfinite_skips": max_skips})  # fmt: skip
+                      "batch.ppo_epochs": ppo_epochs, "train.max_nonfinite_skips": max_skips,
+                      "train.max_logprob_gap": 0.0})  # fmt: skip
     return base.validate(c)
 
 

@@ -11,6 +11,7 @@ a row.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,14 +62,65 @@ class LossConfig:
     logprob_chunk: int = struct.field(pytree_node=False, default=128)
 
 
+#: Values of `optim.name` that `make_optimizer` builds.
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+def learning_rate_schedule(learning_rate: float, warmup_steps: int = 0) -> float | optax.Schedule:
+    """The learning rate of optimizer step t (counted from 0; a step skipped as non-finite does not count).
+
+    warmup_steps=0: the constant `learning_rate` (a float, so the optimizer is exactly the constant-lr one and holds
+    no schedule counter in its state). warmup_steps=W > 0: lr(t) = learning_rate * min(t, W) / W, a linear ramp from
+    0 at t=0 (the first step moves no parameter; Adam's moments still take its gradient) reaching `learning_rate` at
+    t=W, constant after that. The paper trains with a constant learning rate and no warmup (A.4, Table 4), so warmup
+    is off by default.
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} is negative: use 0 (no warmup) or a positive number of steps")
+    if warmup_steps == 0:
+        return learning_rate
+    return optax.linear_schedule(0.0, learning_rate, warmup_steps)
+
+
 def make_optimizer(
-    learning_rate: float, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-    grad_clip_norm: float = 1.0,
+    learning_rate: float, *, name: str = "adamw", warmup_steps: int = 0, b1: float = 0.9, b2: float = 0.999,
+    eps: float = 1e-8, weight_decay: float = 0.0, grad_clip_norm: float = 1.0,
 ) -> optax.GradientTransformation:
-    """AdamW after global-norm clipping (Fig. 4: the clip at 1 fires on nearly every update); grad_clip_norm=0
-    means no clipping."""  # fmt: skip
+    """Global-norm gradient clipping (Fig. 4: the clip at 1 fires on nearly every update; grad_clip_norm=0 means no
+    clipping), then the update rule `name`, scaled by `learning_rate_schedule(learning_rate, warmup_steps)`.
+
+    name: "adamw" (Adam with decoupled weight decay: update -lr(t) * (adam_t + weight_decay * param)), "adam" (the
+    same without weight decay) or "sgd" (plain SGD without momentum: update -lr(t) * clipped grad). b1, b2, eps are
+    Adam's and unused by "sgd"; a nonzero weight_decay with "adam" or "sgd" is refused (it would be silently
+    ignored). With the defaults (adamw, warmup_steps=0) this is clip + `optax.adamw(learning_rate, ...)`.
+
+    Raises:
+      ValueError: an unknown `name`, a negative `warmup_steps`, or weight_decay != 0 with a name other than "adamw".
+    """  # fmt: skip
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optim.name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}: pick one of them")
+    if weight_decay != 0 and name != "adamw":
+        raise ValueError(
+            f"optim.weight_decay={weight_decay} with optim.name={name!r} would be ignored: set "
+            "--config.optim.weight_decay=0, or --config.optim.name=adamw for decoupled weight decay"
+        )
+    lr = learning_rate_schedule(learning_rate, warmup_steps)
     clip = optax.clip_by_global_norm(grad_clip_norm) if grad_clip_norm > 0 else optax.identity()
-    return optax.chain(clip, optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+    if name == "adamw":
+        rule = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    elif name == "adam":
+        rule = optax.adam(lr, b1=b1, b2=b2, eps=eps)
+    else:
+        rule = optax.sgd(lr)
+    return optax.chain(clip, rule)
+
+
+def optimizer_from_config(optim: Any, learning_rate: float | None = None) -> optax.GradientTransformation:
+    """`make_optimizer` from the `optim.*` keys of a config; `learning_rate` replaces `optim.learning_rate` (the
+    offline SFT baselines use `sft.learning_rate` with the rest of `optim.*`)."""
+    lr = optim.learning_rate if learning_rate is None else learning_rate
+    return make_optimizer(lr, name=optim.name, warmup_steps=optim.warmup_steps, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                          weight_decay=optim.weight_decay, grad_clip_norm=optim.grad_clip_norm)  # fmt: skip
 
 
 #: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
@@ -200,3 +252,28 @@ class NonFiniteGuard:
                 f"{values}); stopped without saving, the last checkpoint is intact. Look for infinite advantages or "
                 "logprobs, lower optim.learning_rate, or raise train.max_nonfinite_skips"
             )
+
+
+class LogprobGapError(RuntimeError):
+    """The sampler's logprobs are not the trainer's: the engine does not sample from the policy being trained."""
+
+
+def check_logprob_gap(metrics: Mapping[str, Any], limit: float, phase: int) -> None:
+    """Raises LogprobGapError when a phase's first minibatch has |logprob_gap| > `limit` nats per token.
+
+    `logprob_gap` is the mean of (trainer - sampler) logprobs over the minibatch's GRPO tokens; before the phase's
+    update changes anything it estimates -KL(sampler || trainer), which is at the numerical floor (~1e-6 fp32,
+    ~1e-3 bf16 servers) when the engine samples from the trainer's weights. `limit` 0 disables the check; a
+    minibatch without GRPO tokens has no gap to check, and a non-finite one is left to `NonFiniteGuard`.
+    """
+    gap = float(metrics["logprob_gap"])
+    if not limit or not float(metrics["grpo_tokens"]) or not math.isfinite(gap) or abs(gap) <= limit:
+        return
+    raise LogprobGapError(
+        f"phase {phase + 1}: the sampler's logprobs differ from the trainer's by {gap:+.4f} nats per token on the first "
+        f"minibatch (|gap| > train.max_logprob_gap={limit}), so the rollouts were not sampled from the policy being "
+        "trained; stopped without saving, the last checkpoint is intact. Likely causes: the generation servers serve "
+        "other weights (started from another checkpoint, or engine.assume_initial_weights=True when they were not), "
+        "the servers' tokenizer or chat template differs from the trainer's, or sampling that is not the policy's "
+        "(rollout.temperature != 1, rollout.top_p < 1, rollout.top_k > 0). To train on anyway, raise train.max_logprob_gap or set it to 0"
+    )
