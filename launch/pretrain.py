@@ -7,6 +7,10 @@ Prints the checkpoint directory (an HF directory with tokenizer.json that `--con
 is cached under `pretrain.cache_dir` by a hash of its settings, so a second call returns at once. Every launcher
 does this by itself when `pretrain.steps > 0` and no `model.checkpoint` is given. `--checks` also runs the base
 policy's checks before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks, what insights in context do).
+
+It runs in one process (the base policies are small): a multi-host job (launch/train.py, launch/sft.py with
+--coordinator_address etc.) takes the cached result and refuses to pretrain; under srun / mpirun start this once
+(`srun --ntasks=1`), where every host sees `pretrain.cache_dir`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --config.pretrain.steps=500")
     config = resolve_config(_CONFIG, _ABLATION)
+    from rltldr_jax.sharding import distributed_plan
+
+    try:
+        plan = distributed_plan()
+    except ValueError:
+        plan = None  # the environment describes a job wrongly: irrelevant here, this launcher runs alone
+    if plan is not None:
+        sys.exit(f"error: launch/pretrain.py runs in one process, but this process is one of a multi-process job ({plan.source}): "
+                 "start it once (e.g. `srun --ntasks=1`, or without JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES)")  # fmt: skip
     if config.pretrain.steps <= 0:
         sys.exit("error: pretrain.steps is 0 in this config: nothing to pretrain (e.g. --config=configs/replicate.py)")
     quiet_logging()

@@ -7,6 +7,9 @@
 The ablation sets `mode="sft"` and `sft.data` / `sft.num_rollouts` / `sft.deduplicate`; `sft.rollouts_dir` points at
 the RLTL;DR run whose `rollouts/phase_*.jsonl` are the data (train it first with launch/train.py; rollouts are saved
 by default). Checkpoints, event files and the evaluation go to the config's workdir (rltldr_jax/train/sft.py).
+
+Multi-host: one process per host with `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (or the
+JAX_* environment; SLURM / Open MPI / Cloud TPU are detected without flags): launch/multihost.py.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.multihost import base_policy, show_progress, start_distributed  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -43,15 +47,19 @@ def main(argv: list[str]) -> None:
         print(config)
         return
     quiet_logging()
-    config = with_pretrained(config)
+    start_distributed()  # before any other JAX call; a single process without flags runs alone
+    config = base_policy(config)
     from rltldr_jax.checkpoint import CheckpointSaveError
+    from rltldr_jax.sharding import is_main_process
     from rltldr_jax.train.sft import run_sft
     from rltldr_jax.train.step import NonFiniteError
 
     try:
-        metrics = run_sft(config, progress=sys.stderr.isatty(), restart=_RESTART.value)
+        metrics = run_sft(config, progress=show_progress(), restart=_RESTART.value)
     except (ValueError, FileNotFoundError, NonFiniteError, CheckpointSaveError) as e:
         sys.exit(f"error: {e}")
+    if not is_main_process():
+        return
     k = config.eval.attempts_per_task
     print(f"sft ({config.sft.data}): final nll {metrics['sft/nll']:.4f}; eval macro Pass@1 {metrics['eval/pass@1/all']:.4f}, "
           f"Pass@{k} {metrics[f'eval/pass@{k}/all']:.4f}")

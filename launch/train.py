@@ -16,6 +16,9 @@ A new run in a workdir that already holds one is refused: `--resume` continues i
 checkpoint; what the stopped run wrote after it is moved aside or purged from TensorBoard), `--restart` moves it
 to `{workdir}.old-<time>` first. A resumed run logs every config key that changed and refuses changes to what
 the run trains (loss, optimizer, rollout, insight, env, model, seed, ...) unless `--allow_config_change`.
+
+Multi-host: start one process per host with `--coordinator_address=HOST:PORT --num_processes=N --process_id=I`
+(or the JAX_* environment; SLURM / Open MPI / Cloud TPU are detected without flags): launch/multihost.py.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
+from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.multihost import base_policy, show_progress, start_distributed  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -56,15 +60,17 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
                  "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>")  # fmt: skip
     quiet_logging()  # before JAX starts: no back-end probe or orbax INFO lines; one line per phase
-    config = with_pretrained(config)
+    start_distributed()  # before any other JAX call; a single process without flags runs alone
+    config = base_policy(config)
     from rltldr_jax.checkpoint import CheckpointSaveError
+    from rltldr_jax.sharding import is_main_process
     from rltldr_jax.train.loop import Trainer
     from rltldr_jax.train.report import run_summary
     from rltldr_jax.train.step import NonFiniteError
 
     try:
         trainer = Trainer(config, resume=_RESUME.value, restart=_RESTART.value, resume_step=_RESUME_STEP.value,
-                          allow_config_change=_ALLOW_CHANGE.value, progress=sys.stderr.isatty())  # fmt: skip
+                          allow_config_change=_ALLOW_CHANGE.value, progress=show_progress())  # fmt: skip
     except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data, a run in the way: what and how to fix
         sys.exit(f"error: {e}")
     try:
@@ -73,6 +79,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: {e}")
     except CheckpointSaveError as e:
         sys.exit(f"error: {e}; fix it, then continue with --resume")
+    if not is_main_process():
+        return  # process 0 prints where the outputs are
     print(run_summary(trainer.workdir, launch_dir=os.path.dirname(sys.argv[0]), config_args=_config_args(sys.argv),
                       rollouts=config.rollout.save_rollouts))  # fmt: skip
 

@@ -18,6 +18,11 @@ A save first checks the free space against the checkpoint's size (params + optim
 margin); a failed save (a full disk, an I/O error) is `CheckpointSaveError`, raised by `check_saved` (the trainer
 calls it before more compute), `wait_until_finished` or the next `save`, and its temporary directory is removed.
 
+In a multi-process job every process calls `save`, `restore`, `check_saved` and `close` at the same point (orbax
+writes each process's shards and process 0 the metadata, on a filesystem all of them see); the decisions around
+them (enough free space, is a save still running, did it fail) are made once for all, so no process goes its own
+way.
+
 `restore` restores into abstract targets (`jax.ShapeDtypeStruct`s, e.g. from `nnx.eval_shape` and
 `jax.eval_shape(tx.init, ...)`) with their shardings, so a sharded model restores straight into its mesh
 layout; every parameter's name, shape and dtype is checked against the checkpoint first, and a different
@@ -44,6 +49,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from rltldr_jax import sharding
 from rltldr_jax.models.config import Qwen35Config
 from rltldr_jax.models.hf import ALLOW_NONFINITE_HINT, CorruptCheckpointError
 
@@ -312,16 +318,23 @@ class Checkpointer:
 
     def check_saved(self, *, wait: bool = False) -> None:
         """Raises CheckpointSaveError if the last save failed (its temporary directory removed). A save still being
-        written is waited for with `wait=True`; with `wait=False` it is left alone and a later call reports it."""
+        written is waited for with `wait=True`; with `wait=False` it is left alone and a later call reports it.
+
+        Multi-process: process 0's view decides whether the save is still running, and a failure on any process
+        is raised on all."""
         step = self._pending
-        if step is None or (not wait and self.saving()):
+        if step is None or (not wait and sharding.broadcast_object(self.saving())):
             return
         self._pending = None
         try:
             self._manager.wait_until_finished()
-            reason = None if self._complete(step) else "it is incomplete on disk"
+            reason = None
         except Exception as e:  # orbax re-raises the background thread's error (OSError, TensorStore errors, ...)
             reason = error_reason(e)
+        sharding.barrier(f"rltldr_checkpoint_{step}_written")  # process 0 has finalised it too
+        if reason is None and not self._complete(step):
+            reason = "it is incomplete on disk"
+        reason = next((r for r in sharding.gather_objects(reason) if r is not None), None)
         if reason is not None:
             self._remove_partial(step)
             raise CheckpointSaveError(self._save_failed(step, reason))
@@ -332,7 +345,10 @@ class Checkpointer:
                 f"checkpoint is {f'step {steps[-1]}' if steps else 'none'}")  # fmt: skip
 
     def _remove_partial(self, step: int) -> None:
-        """Removes what a failed save of `step` left: orbax's temporary directories `{step}.orbax-checkpoint-tmp*`."""
+        """Removes what a failed save of `step` left: orbax's temporary directories `{step}.orbax-checkpoint-tmp*`
+        (process 0 does, in a multi-process job)."""
+        if not sharding.is_main_process():
+            return
         for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
             for _ in range(50):  # writes of the failed save may still be finishing in orbax's threads
                 try:
@@ -387,7 +403,7 @@ class Checkpointer:
         if step in self._manager.all_steps():
             raise ValueError(f"a checkpoint for step {step} already exists in {os.fspath(self.directory)!r}")
         need = int(tree_bytes(params, opt_state) * (1 + SPACE_MARGIN)) + SPACE_SLACK_BYTES
-        free = free_bytes(self.directory)
+        free = sharding.broadcast_object(free_bytes(self.directory))  # process 0's filesystem decides for all
         if free is not None and free < need:
             raise CheckpointSaveError(
                 f"not enough free space to save checkpoint step {step} in {os.fspath(self.directory)!r}: it needs about "

@@ -63,3 +63,89 @@ def test_sharded_train_step_matches_single_device():
     assert r["max_param_update"] > 1e-4  # the step changed the parameters...
     assert r["param_update_max_abs_diff"] < 1e-5  # ...identically on 8 devices
     assert r["metrics_max_rel_diff"] < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-host start-up (the two-process runs are tests/test_multihost.py)
+# ----------------------------------------------------------------------------------------------------
+
+SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
+
+
+def test_distributed_plan_from_flags_environment_and_clusters():
+    plan, Plan = sharding.distributed_plan, sharding.DistributedPlan
+    assert plan(env={}) is None  # a plain machine: runs alone, no error
+    assert plan(env=SLURM | {"SLURM_NTASKS": "1"}) is None  # a single-task SLURM job (sbatch without srun)
+    assert plan(env={"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4"}) is None  # no step: JAX could not detect it
+    assert plan(env=SLURM | {"SLURM_NTASKS": "4"}) == Plan(None, None, None, "SLURM")  # JAX detects the rest
+    assert plan(env={"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:5", "OMPI_COMM_WORLD_SIZE": "2"}).source == "Open MPI"
+    assert plan(env={"TPU_WORKER_HOSTNAMES": "a,b"}).source == "Cloud TPU"
+    env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
+    assert plan(env=env) == Plan("10.0.0.1:1234", 4, 3, "flags/environment")
+    assert plan("h:1", 2, 0, env=env) == Plan("h:1", 2, 0, "flags/environment")  # flags win over the environment
+    assert plan(num_processes=1, env=env | {"JAX_PROCESS_ID": "0"}) is None  # explicitly one process
+    assert plan(num_processes=8, env=SLURM | {"SLURM_NTASKS": "8"}) == Plan(None, 8, None, "SLURM")
+    assert plan(mode="on", env={}) == Plan(None, None, None, "flags/environment")  # e.g. Kubernetes: JAX detects
+    assert plan(mode="off", env=env) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, env, message",
+    [
+        ({"num_processes": 2}, {}, r"missing --coordinator_address \(or JAX_COORDINATOR_ADDRESS\), --process_id"),
+        ({"coordinator_address": "h:1"}, {}, r"missing --num_processes \(or JAX_NUM_PROCESSES\), --process_id"),
+        ({"coordinator_address": "h:1", "num_processes": 2, "process_id": 2}, {}, r"--process_id=2 .* must be in \[0, num_processes=2\)"),
+        ({}, {"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two' is not an integer"),
+        ({"num_processes": 0}, {}, r"--num_processes=0 .*at least one process"),
+        ({"mode": "sometimes"}, {}, r"--distributed='sometimes': choose one of auto, on, off"),
+        ({"mode": "off", "process_id": 1}, {}, r"--distributed=off runs one process, but --process_id was given"),
+    ],
+)  # fmt: skip
+def test_distributed_plan_errors_name_the_fix(kwargs, env, message):
+    with pytest.raises(ValueError, match=message):
+        sharding.distributed_plan(**kwargs, env=env)
+
+
+def test_single_process_helpers_are_identities(monkeypatch):
+    import jax
+
+    for key in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
+                "TPU_WORKER_HOSTNAMES"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    assert sharding.initialize_distributed() is False and jax.process_count() == 1
+    assert sharding.is_main_process()
+    obj = {"a": [1, 2]}
+    assert sharding.broadcast_object(obj) is obj and sharding.gather_objects(obj) == [obj]
+    assert sharding.from_main_process(lambda: 41 + 1) == 42
+    with pytest.raises(KeyError, match="only here"):
+        sharding.from_main_process(lambda: {}["only here"])
+    batch = {"ids": np.zeros((2, 4), np.int32)}
+    assert sharding.global_batch(batch, None) is batch and sharding.host_local(batch) is batch
+    sharding.barrier("nothing to wait for")
+
+
+def test_the_engine_stand_in_of_other_processes():
+    engine = sharding.OnMainProcess("the policy engine")
+    engine.update_weights({"w": 1}, 3)  # process 0 pushes; here nothing happens
+    engine.close()
+    assert getattr(engine, "ensure_weights", None) is None  # looks like an engine without that method
+    with pytest.raises(AttributeError, match="the policy engine lives on process 0 of this multi-process job"):
+        engine.generate_many([])
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["launch/train.py", "--config=configs/sapi.py:tiny", "--num_processes=2", "--process_id=0"], {},
+         "error: a multi-process job outside SLURM / Open MPI / Cloud TPU needs all of --coordinator_address"),
+        (["launch/pretrain.py", "--config=configs/replicate.py"],
+         {"JAX_COORDINATOR_ADDRESS": "localhost:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"},
+         "error: launch/pretrain.py runs in one process, but this process is one of a multi-process job"),
+    ],
+)  # fmt: skip
+def test_launchers_say_what_is_wrong_with_a_job(argv, env, message):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_", "OMPI_", "TPU_WORKER"))}
+    out = subprocess.run([sys.executable, *argv], cwd=ROOT, env=clean | env | {"JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith(message), out.stderr[-2000:]

@@ -22,6 +22,8 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 
+from rltldr_jax.sharding import is_main_process
+
 NAN = float("nan")
 
 
@@ -85,11 +87,13 @@ class MetricsLog:
       path: the file (`{workdir}/metrics.jsonl`); its directory must exist.
       keep_through_phase: records of later phases are dropped when the log is opened (a resumed run redoes
         them; a fresh run passes 0). Lines cut short by a kill are dropped too.
+      enabled: whether this process writes; default: process 0 only (a multi-process job has one log).
     """
 
-    def __init__(self, path: str, *, keep_through_phase: int):
+    def __init__(self, path: str, *, keep_through_phase: int, enabled: bool | None = None):
         self.path = path
-        if os.path.exists(path):
+        self.enabled = is_main_process() if enabled is None else enabled
+        if self.enabled and os.path.exists(path):
             kept = []
             with open(path, encoding="utf-8") as f:
                 for line in f:
@@ -105,6 +109,8 @@ class MetricsLog:
 
     def write(self, kind: str, phase: int, env_steps: int, metrics: Mapping[str, float]) -> None:
         """Appends one record (`kind` "phase" or "eval") and closes the file, so a kill loses nothing written."""
+        if not self.enabled:
+            return
         record = {"kind": kind, "phase": phase, "env_steps": env_steps, **{k: _json_value(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")

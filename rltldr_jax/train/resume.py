@@ -6,6 +6,10 @@
 
 Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to
 `{workdir}/discarded-YYYYmmdd-HHMMSS/` (same relative paths).
+
+In a multi-process job (one workdir on a filesystem every process sees) process 0 alone takes the lock, refuses or
+moves the old run aside, and moves leftovers; the other processes wait for its outcome and share it: they hold a
+`FollowerLock` (nothing to release), and raise the same error when process 0 refuses the workdir.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
+
+from rltldr_jax import sharding
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +134,33 @@ def prepare_workdir(workdir: str, *, resume: bool, restart: bool) -> str | None:
     return moved
 
 
-def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str]:
+class FollowerLock:
+    """What `claim_workdir` returns on the processes other than 0 of a multi-process job: process 0 holds the
+    workdir's lock for the whole job, so there is nothing to release here."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str] | FollowerLock:
     """`lock_workdir` then `prepare_workdir` (a restart moves the old run, its lock file with it, and locks the fresh
-    workdir); returns the held lock, released on any error."""
+    workdir); returns the held lock, released on any error.
+
+    In a multi-process job this is a collective: process 0 claims (the lock file names its pid), the others wait
+    for it and get a `FollowerLock`, or raise the error process 0 raised (RunExistsError, WorkdirInUseError, ...),
+    so no process refuses the run its own job holds.
+    """
+    held: list[IO[str]] = []  # process 0's lock (the open file stays here: only the outcome is broadcast)
+    sharding.from_main_process(lambda: held.append(_claim(workdir, resume=resume, restart=restart)))
+    if held:
+        return held[0]
+    os.makedirs(workdir, exist_ok=True)  # (a shared filesystem: process 0 made it already)
+    return FollowerLock()
+
+
+def _claim(workdir: str, *, resume: bool, restart: bool) -> IO[str]:
     lock = lock_workdir(workdir)
     try:
         if prepare_workdir(workdir, resume=resume, restart=restart):
@@ -144,7 +174,17 @@ def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str]:
 
 def move_aside(workdir: str, paths: Iterable[str], why: str) -> str | None:
     """Moves `paths` (inside `workdir`) to `{workdir}/discarded-YYYYmmdd-HHMMSS/`, same relative paths, and logs
-    it; returns that directory (None when there was nothing to move)."""
+    it; returns that directory (None when there was nothing to move).
+
+    In a multi-process job this is a collective: once every process has arrived (so none still reads what is
+    moved), process 0 moves its `paths` and every process returns its result.
+    """
+    paths = list(paths)
+    sharding.barrier("rltldr_move_aside")
+    return sharding.from_main_process(lambda: _move_aside(workdir, paths, why))
+
+
+def _move_aside(workdir: str, paths: list[str], why: str) -> str | None:
     paths = [p for p in paths if os.path.exists(p)]
     if not paths:
         return None

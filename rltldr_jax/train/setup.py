@@ -84,6 +84,7 @@ class ShardedUpdate:
         self.opt_state = jax.jit(tx.init, out_shardings=o_sh)(self.params)
         self.shardings = (p_sh, o_sh)
         b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
+        self._batch_sharding = b_sh
         graphdef = self.graphdef
         self._step = jax.jit(
             lambda p, s, b: train_step(graphdef, p, s, b, tx=tx, loss_cfg=loss_cfg),
@@ -93,6 +94,7 @@ class ShardedUpdate:
 
     def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
         """One optimizer step on `batch` (updates `params` and `opt_state` in place); returns its metrics."""
+        batch = sharding.global_batch(batch, self._batch_sharding)  # multi-process: every process holds the same batch
         with sharding.activate(self.mesh):
             self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
         return metrics
@@ -105,5 +107,6 @@ class ShardedUpdate:
         return params, opt
 
     def model(self) -> Any:
-        """The current policy as a module (shares the arrays)."""
-        return nnx.merge(self.graphdef, self.params)
+        """The current policy as a module (shares the arrays). In a multi-process job: a whole copy on this process's
+        first device, gathered from every process (`sharding.host_local`, a collective: every process calls it)."""
+        return nnx.merge(self.graphdef, sharding.host_local(self.params))

@@ -28,13 +28,14 @@ import numpy as np
 from rltldr_jax.agent.collector import RolloutRecord, load_rollouts
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.engines.factory import close_engine, policy_engine
+from rltldr_jax.sharding import from_main_process
 from rltldr_jax.tokenization import ContextBuilder, Insight
 from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.summary import SummaryWriter
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_from_config
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,7 @@ def _run_sft(config: Any, workdir: str, progress: bool) -> dict[str, float]:
     data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
                         deduplicate=s.deduplicate, seed=config.seed)  # fmt: skip
     model = build_policy(config)
-    o = config.optim
-    tx = make_optimizer(s.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+    tx = optimizer_from_config(config.optim, learning_rate=s.learning_rate)
     update = ShardedUpdate(config, model, tx, LossConfig(lam=1.0, grpo_coef=0.0))
     summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
@@ -151,11 +151,16 @@ def _run_sft(config: Any, workdir: str, progress: bool) -> dict[str, float]:
             ckpt.save(s.epochs, params=update.params, opt_state=update.opt_state, rng=None,
                       meta={"mode": "sft", "sft": s.to_dict(), "optimizer_steps": steps, "config": config.to_dict()},
                       model_config=model.config)  # fmt: skip
-        engine = policy_engine(config, update.model(), workdir=workdir)
-        try:
-            evaluation, _ = evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))
-        finally:
-            close_engine(engine)
+        policy = update.model()  # (every process: a collective in a multi-process job)
+
+        def evaluate_here() -> dict[str, float]:  # process 0 holds the engine; the others get its numbers
+            engine = policy_engine(config, policy, workdir=workdir)
+            try:
+                return evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))[0]
+            finally:
+                close_engine(engine)
+
+        evaluation = from_main_process(evaluate_here)
         summary.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
         metrics |= evaluation | {"sft/optimizer_steps": float(steps), "sft/skipped_nonfinite": float(guard.total)}
     finally:

@@ -8,6 +8,8 @@ import time
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from rltldr_jax.sharding import is_main_process
+
 #: (subdirectory of the log directory, tag prefix) of each x-axis: environment steps (the paper's), generated
 #: tokens, walltime seconds.
 AXES = (("", ""), ("by_tokens", "by_tokens/"), ("by_time", "by_time/"))
@@ -22,11 +24,15 @@ class SummaryWriter:
     with `resumed_at=(env_steps, tokens, walltime)` every axis gets a `SessionLog.START` event at the step after
     the restored count, which makes TensorBoard (and `EventAccumulator`) discard the events the killed run logged
     past its checkpoint; the redone phases then appear once.
+
+    In a multi-process job only process 0 writes (the others' writers do nothing, so one run has one set of event
+    files); `enabled` overrides that choice.
     """
 
-    def __init__(self, logdir: str, *, resumed_at: tuple[int, int, float] | None = None):
-        self._writers = [EventFileWriter(os.path.join(logdir, sub), flush_secs=10) for sub, _ in AXES]
-        if resumed_at is not None:
+    def __init__(self, logdir: str, *, resumed_at: tuple[int, int, float] | None = None, enabled: bool | None = None):
+        enabled = is_main_process() if enabled is None else enabled
+        self._writers = [EventFileWriter(os.path.join(logdir, sub), flush_secs=10) for sub, _ in AXES] if enabled else []
+        if resumed_at is not None and self._writers:
             env_steps, tokens, walltime = resumed_at
             start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
             for writer, step in zip(self._writers, (env_steps, tokens, int(walltime)), strict=True):
@@ -34,6 +40,9 @@ class SummaryWriter:
                 writer.flush()
 
     def scalars(self, values: dict[str, float], env_steps: int, *, tokens: int, walltime: float) -> None:
+        """Writes `values` (tag → number) at the three x-axes' steps."""
+        if not self._writers:
+            return
         now = time.time()
         for writer, (_, prefix), step in zip(self._writers, AXES, (env_steps, tokens, int(walltime)), strict=True):
             summary = summary_pb2.Summary(
