@@ -20,6 +20,9 @@ SGLang server started with `--grpc-port --skip-tokenizer-init`:
 - `PauseGeneration` ("abort" — the default, as SGLang's — | "in_place" | "retract"), `ContinueGeneration`,
   `Abort` (one rid or all), `FlushCache` (no prefix cache here: always succeeds), `HealthCheck`,
   `GetModelInfo`, `GetLoad`.
+- `GetModelInfo`'s JSON adds `weights_fingerprint` (`models.fingerprint.weights_fingerprint` of the served
+  weights, recomputed on every update) and `param_dtype`, so a trainer can check at start that the server already
+  serves its weights instead of pushing them (SGLang reports no fingerprint: the trainer pushes).
 
 Bad requests end with gRPC status INVALID_ARGUMENT and a message naming the problem.
 """
@@ -41,6 +44,7 @@ import jax.numpy as jnp
 from rltldr_jax.engines import sglang_proto as pb
 from rltldr_jax.engines.engine import GenerationRequest, GenerationResult, SamplingParams
 from rltldr_jax.engines.jax_engine import JaxEngine
+from rltldr_jax.models.fingerprint import weights_fingerprint
 from rltldr_jax.models.hf import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -94,12 +98,15 @@ class EngineService:
       engine: the running engine; the service does not close it.
       model_path: what `GetModelInfo` reports (the checkpoint the server started from, or the last one loaded).
       param_dtype: dtype of weights loaded by `UpdateWeightsFromDisk` (the running model's).
+      fingerprint: `weights_fingerprint` of the weights the engine started with (None: not reported until the
+        first update).
     """
 
-    def __init__(self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32):
+    def __init__(self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32, fingerprint: str | None = None):
         self.engine = engine
         self.model_path = model_path
         self.param_dtype = param_dtype
+        self.fingerprint = fingerprint
         self._update_lock = asyncio.Lock()
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -158,8 +165,9 @@ class EngineService:
                 return False, f"could not load {model_path!r}: {type(e).__name__}: {e}"
             if model.config != self.engine.config:
                 return False, f"{model_path!r} has a different architecture than the served model; weights unchanged"
+            fingerprint = await asyncio.to_thread(weights_fingerprint, model)
             self.engine.update_weights(model, version)
-            self.model_path = os.fspath(model_path)
+            self.model_path, self.fingerprint = os.fspath(model_path), fingerprint
         log.info("weights updated from %s, version %d", model_path, version)
         return True, f"loaded {model_path} as version {version}"
 
@@ -193,6 +201,8 @@ class EngineService:
             "max_batch": self.engine.max_batch,
             "max_len": self.engine.max_len,
             "config": self.engine.config.to_hf_dict(),
+            "weights_fingerprint": self.fingerprint,
+            "param_dtype": jnp.dtype(self.param_dtype).name,
         }
         return pb.GetModelInfoResponse(model_path=self.model_path, json_info=json.dumps(info))
 

@@ -23,6 +23,9 @@ episodes over them:
   rotation (it would serve stale weights); if every server fails, the push raises and the version stays.
   Afterwards every result of a request submitted after the push must report that version; one that does
   not raises `StaleWeightsError`.
+- Start-up (`ensure_weights`): the trainer's weights are pushed as its current version unless every server
+  proves it serves them (launch/serve.py reports a weights fingerprint; SGLang does not, so there the push is
+  skipped only when the caller assumes it, config `engine.assume_initial_weights`).
 
 Differences between backends worth knowing: SGLang also stops on the model's EOS ids (put them in
 `stop_token_ids` to get the same behaviour from launch/serve.py); SGLang's logprobs are taken after temperature
@@ -242,6 +245,48 @@ class SglangClient:
         while len(self._exports) > self.keep_exports:
             shutil.rmtree(self._exports.pop(0), ignore_errors=True)
 
+    def ensure_weights(self, model: nnx.Module, version: int, *, assume: bool = False) -> str:
+        """Makes every live server serve `model` as `version` before the first phase (fresh or resumed run).
+
+        A server that reports a `weights_fingerprint` (launch/serve.py) proves its weights: equal to `model`'s at
+        the server's `param_dtype` and labelled `version` means nothing to do. SGLang reports none: its weights
+        are unknown. The weights are pushed (`update_weights`) when any server differs, or when any is unknown
+        and `assume` is False; `assume=True` (config `engine.assume_initial_weights`) trusts unknown servers to
+        have been started from the trainer's checkpoint, skipping a push of the whole model at start.
+
+        Returns:
+          "verified" (every server proved it), "assumed" (no push, some servers unknown) or "pushed".
+        """
+        from rltldr_jax.models.fingerprint import weights_fingerprint
+
+        infos = self._call(self._model_infos())
+        ours: dict[str | None, str] = {}
+        differ, unknown = [], []
+        for address, info in infos.items():
+            served = str(info.get("weight_version", version))
+            if served != str(version):
+                differ.append(f"{address} serves weight_version {served}, the trainer is at {version}")
+                continue
+            fingerprint = info.get("weights_fingerprint")
+            if not fingerprint:
+                unknown.append(address)
+                continue
+            dtype = info.get("param_dtype") or None
+            if dtype not in ours:
+                ours[dtype] = weights_fingerprint(model, dtype)
+            if fingerprint != ours[dtype]:
+                differ.append(f"{address} serves other weights than the trainer's (fingerprint {fingerprint} != {ours[dtype]})")
+        if not differ and (assume or not unknown):
+            self._version = int(version)
+            outcome = "assumed" if unknown else "verified"
+            log.info("generation servers serve the trainer's weights (version %d): %s", version,
+                     f"assumed for {unknown} (engine.assume_initial_weights)" if unknown else "fingerprints verified")  # fmt: skip
+            return outcome
+        why = differ or [f"{a} reports no weights fingerprint (SGLang)" for a in unknown]
+        log.warning("pushing the trainer's weights as version %d before the first phase: %s", version, "; ".join(why))
+        self.update_weights(model, version)
+        return "pushed"
+
     def push_weights(self, model_path: str | os.PathLike, version: int) -> None:
         """Loads an HF checkpoint directory (readable by the servers) on every live server as `version`."""
         self._call(self._push(os.fspath(model_path), int(version)))
@@ -409,6 +454,18 @@ class SglangClient:
             await server.stub.Abort(pb.AbortRequest(rid=rid), timeout=5.0)
         except grpc.aio.AioRpcError:
             pass
+
+    async def _model_infos(self) -> dict[str, dict[str, Any]]:
+        """Every live server's `GetModelInfo` JSON, by address."""
+
+        async def one(server: _Server) -> dict[str, Any]:
+            response = await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)
+            return json.loads(response.json_info or "{}")
+
+        live = [s for s in self._servers if s.alive]
+        if not live:
+            raise NoServerError("no live generation server")
+        return dict(zip((s.address for s in live), await asyncio.gather(*(one(s) for s in live))))
 
     async def _push(self, model_path: str, version: int) -> None:
         async with self._push_lock:
