@@ -45,12 +45,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="prefill requests admitted together as one padded batch (faster with many concurrent prompts; results then "
         "vary at float rounding with batch composition); default: each alone, bit-reproducible",
     )  # fmt: skip
+    p.add_argument("--prefill_chunk", type=int, default=128,
+                   help="tokens per prefill call, aligned from position 0 (a power of two >= 16); not with --batched_prefill")
+    p.add_argument("--prefix_cache_mb", type=float, default=1024,
+                   help="MiB of prefix cache (decode states at --prefill_chunk prompt boundaries, reused by requests sharing "
+                   "a prompt prefix; bit-identical results); 0 = off; not with --batched_prefill")  # fmt: skip
+    p.add_argument("--weights_dtype", choices=("", *DTYPES), default="",
+                   help="dtype of the engine's weight matrices ('' = --dtype); bfloat16 halves the bytes per decode step "
+                   "(float32 accumulation)")  # fmt: skip
     p.add_argument("--max_len", type=int, default=4096, help="prompt + completion tokens per sequence")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
     p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
     p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
     p.add_argument("--allow_nonfinite", action="store_true", help="serve --model_path even if its weights hold NaN/inf")
     args = p.parse_args(argv)
+    if args.prefix_cache_mb < 0:
+        p.error(f"--prefix_cache_mb must be >= 0 (0 = off), got {args.prefix_cache_mb}")
+    if args.prefill_chunk < 16 or args.prefill_chunk & (args.prefill_chunk - 1):
+        p.error(f"--prefill_chunk must be a power of two >= 16, got {args.prefill_chunk}")
     if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
         p.error(f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory")
     return args
@@ -61,6 +73,7 @@ def build_engine(args: argparse.Namespace):
 
     from rltldr_jax.engines import JaxEngine
     from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+    from rltldr_jax.models.fingerprint import weights_fingerprint
 
     dtype = getattr(jnp, args.dtype)
     if args.model_path:
@@ -74,32 +87,38 @@ def build_engine(args: argparse.Namespace):
         except (KeyError, ValueError) as e:
             sys.exit(f"error: {e}")
         model = ModelSpec(config, dtype=dtype, param_dtype=dtype).build(seed=args.seed)
+    fingerprint = weights_fingerprint(model)  # of the stacked model, as the trainer computes it
     engine = JaxEngine(
         model, max_batch=args.max_batch, max_len=args.max_len, weight_version=args.weight_version,
-        batch_invariant=not args.batched_prefill,
+        batch_invariant=not args.batched_prefill, prefill_chunk=args.prefill_chunk,
+        prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), weights_dtype=args.weights_dtype,
     )
-    return engine, dtype
+    return engine, dtype, fingerprint
 
 
 def warm_up(engine) -> None:
     """Compiles decode and the prefill of every batch bucket (1, 2, 4, ..., max_batch; only 1 is used without
-    --batched_prefill) at the shortest prompt bucket, so that the first requests are not slow; longer prompt buckets
-    compile on first use."""
+    --batched_prefill) at the shortest prompt bucket, and the full prefill chunk, so that the first requests are not
+    slow; other prompt buckets compile on first use."""
     from rltldr_jax.engines import GenerationRequest, SamplingParams
 
     n = 1
     while n <= engine.max_batch:
         engine.generate_many([GenerationRequest((0,), SamplingParams(max_new_tokens=2, seed=i)) for i in range(n)])
         n *= 2
+    if engine.batch_invariant and engine.max_len > engine.prefill_chunk + 2:  # the [1, C] chunk of longer prompts
+        engine.generate_many([GenerationRequest((0,) * (engine.prefill_chunk + 1), SamplingParams(max_new_tokens=1))])
 
 
 async def serve(args: argparse.Namespace) -> None:
     from rltldr_jax.engines.server import EngineService, start_http_admin, start_server
 
-    engine, dtype = build_engine(args)
+    engine, dtype, fingerprint = build_engine(args)
     if not args.no_warmup:
         warm_up(engine)
-    service = EngineService(engine, model_path=args.model_path or f"preset:{args.preset}", param_dtype=dtype)
+    service = EngineService(
+        engine, model_path=args.model_path or f"preset:{args.preset}", param_dtype=dtype, fingerprint=fingerprint
+    )
     server, port = await start_server(service, args.host, args.port)
     loop = asyncio.get_running_loop()
     ports, http = str(port), None

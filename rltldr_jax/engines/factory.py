@@ -22,6 +22,18 @@ def _addresses(value: str) -> list[str]:
     return [s.strip() for s in value.split(",") if s.strip()]
 
 
+def jax_engine_options(config: Any) -> dict[str, Any]:
+    """The embedded JaxEngine's options from `config.engine`: batch_invariant, prefill_chunk, prefix_cache_mb,
+    weights_dtype."""
+    c = config.engine
+    return {
+        "batch_invariant": c.batch_invariant,
+        "prefill_chunk": c.prefill_chunk,
+        "prefix_cache_bytes": int(c.prefix_cache_mb * 2**20),
+        "weights_dtype": c.weights_dtype,
+    }
+
+
 def policy_engine(config: Any, model: Any, *, workdir: str, version: int = 0) -> GenerationEngine:
     """The generation engine of `config.engine` for the policy `model` (a Qwen35).
 
@@ -35,7 +47,7 @@ def policy_engine(config: Any, model: Any, *, workdir: str, version: int = 0) ->
 
         return JaxEngine(
             model, max_batch=c.max_batch, max_len=config.rollout.max_context_tokens, weight_version=version,
-            batch_invariant=c.batch_invariant,
+            **jax_engine_options(config),
         )
     from rltldr_jax.engines.sglang_client import SglangClient
 
@@ -93,10 +105,22 @@ def teacher_engine(config: Any) -> tuple[GenerationEngine | None, Tokenizer | No
         tokenizer = None  # the policy's
     # The same context limit as the policy's engine, which serves the judge prompts when source="policy".
     engine = JaxEngine(
-        model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens,
-        batch_invariant=config.engine.batch_invariant,
+        model, max_batch=config.engine.max_batch, max_len=config.rollout.max_context_tokens, **jax_engine_options(config)
     )  # fmt: skip
     return engine, tokenizer
+
+
+def ensure_served(engine: GenerationEngine, model: Any, version: int, *, assume: bool = False) -> str:
+    """Makes the policy engine sample from `model` (labelled `version`) before the first phase, fresh or resumed.
+
+    The embedded JaxEngine was built from `model` itself ("embedded"). A client of servers checks them and pushes
+    the weights unless they prove (or, with `assume`, are trusted) to serve them (`SglangClient.ensure_weights`:
+    "verified", "assumed" or "pushed").
+    """
+    ensure = getattr(engine, "ensure_weights", None)
+    if ensure is None:
+        return "embedded"
+    return ensure(model, version, assume=assume)
 
 
 def close_engine(engine: Any) -> None:

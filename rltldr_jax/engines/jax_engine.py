@@ -1,9 +1,9 @@
 """The embedded generation engine: batched prefill and decode of a Qwen 3.5 model with its decode state.
 
 A background thread runs the scheduler. Requests wait in a queue; whenever slots are free, waiting requests
-are prefilled and their states are written into their slots; then one decode step advances every active slot. A finished request frees its slot at once, so
-new requests are admitted while others are still decoding. Shapes are fixed per bucket, so the jitted
-functions compile a bounded number of times.
+are prefilled and their states are written into their slots; then one decode step advances every active slot. A
+finished request frees its slot at once, so new requests are admitted while others are still decoding. Shapes are
+fixed per bucket, so the jitted functions compile a bounded number of times.
 
 Sampling happens in float32 on the logits: temperature, then optional top-k / top-p truncation; the returned
 logprob is that of the sampled token under this (truncated, renormalised) distribution, so at temperature 1
@@ -14,11 +14,26 @@ is in the batch.
 Batch invariance. Which requests are admitted together depends on thread timing, and float rounding depends on
 the shapes of the matrix products: a prompt prefilled in a [2, 128] sub-batch gets a decode state that differs
 at ~1e-6 from the same prompt prefilled in a [1, 32] one, and a run's later phases then drift apart. With
-`batch_invariant=True` (the default) each request is prefilled on its own, in a [1, bucket(prompt length)] call,
-and decode always runs the full [max_batch, 1] step, whose rows do not interact: the same weights and seeds give
-bit-identical tokens and logprobs whatever else runs. `batch_invariant=False` prefills the requests admitted
-together as one right-padded sub-batch (bucketed to powers of two): fewer, larger calls, which pays off on an
-accelerator with many concurrent prompts, at the price of that rounding-level variation.
+`batch_invariant=True` (the default) each request is prefilled on its own, and decode always runs the full
+[max_batch, 1] step, whose rows do not interact: the same weights and seeds give bit-identical tokens and logprobs
+whatever else runs. `batch_invariant=False` prefills the requests admitted together as one right-padded sub-batch
+(bucketed to powers of two): fewer, larger calls, which pays off on an accelerator with many concurrent prompts, at
+the price of that rounding-level variation.
+
+Chunked prefill and prefix reuse (`batch_invariant=True` only; `prefix_cache` module). A prompt is prefilled in
+chunks of `prefill_chunk` (C) tokens aligned at multiples of C from position 0, one [1, C] call each, the last
+partial chunk in a [1, bucket(rest)] call: the same calls for a prompt whatever ran before. With
+`prefix_cache_bytes` > 0 the states at some full-chunk boundaries are kept and a prompt that starts with a stored
+prefix resumes there, skipping those chunks: hit or miss give bit-identical results. New weights empty the cache.
+
+Decode weights (`weights_dtype`). A decode step at small batch reads every weight once per token, so its time is
+the bytes of the weights over the memory bandwidth. With `weights_dtype="bfloat16"` the engine keeps its copy of
+the weight matrices (projections, embedding, LM head) in bfloat16, half the bytes; each matrix product takes its
+input rounded to bfloat16 and accumulates and returns float32, while everything else (norms, the delta rule,
+attention scores, sampling, logprobs) stays in the model's compute dtype (measured on CPU: 3-5x faster per product
+than float32 at batch 8; a bfloat16-output product, or upcasting the weight to float32 inside the step, was 6-8x
+slower than float32). Logprobs are then those of the bfloat16-weight policy; the trainer's
+`first_minibatch/logprob_gap` measures how far that is from its own.
 """
 
 from __future__ import annotations
@@ -37,9 +52,18 @@ import numpy as np
 from flax import nnx
 
 from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
-from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, init_decode_state, unroll, unroll_state
+from rltldr_jax.engines.prefix_cache import MIN_CHUNK_BUCKET, PrefixCache, PrefixStats, prefill_chunked
+from rltldr_jax.models.qwen3_5 import DecodeState, Qwen35, RowLinear, init_decode_state, unroll, unroll_state
 
-MIN_PREFILL_BUCKET = 16
+MIN_PREFILL_BUCKET = MIN_CHUNK_BUCKET  # the shortest prefill call
+# Prefill chunk C, measured on CPU (benchmarks/engine.py's model, block-skipping attention). One 1000-token prompt
+# took 0.47 / 0.35 / 0.27 / 0.25 s with C = 64 / 128 / 256 / 512 (as one [1, 1024] call: 0.21 s). With the prefix
+# cache, 8 requests sharing a 1000-token prompt took 0.58 s with C = 128 and 0.70 s with 256 (2.5 / 2.0 s without),
+# sharing 1100 tokens 0.63 / 0.60 s, and a 6-step attempt (1000-token prompt, +200 tokens a step) 0.77 s with either
+# (2.7 / 2.3 s without). A larger C prefills a new prompt faster, a smaller one recomputes less after a hit.
+DEFAULT_PREFILL_CHUNK = 128
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+WEIGHTS_DTYPES = ("", "float32", "bfloat16")
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +89,61 @@ def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeS
     """
     layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype), mode="drop"), state.layers, sub.layers)
     return DecodeState(state.lengths.at[rows].set(sub.lengths, mode="drop"), layers)
+
+
+class _MixedRowLinear(RowLinear):
+    """`RowLinear` with a bfloat16 weight: y = bf16(x) Wᵀ accumulated and returned in float32, then cast to the
+    compute dtype (`weights_dtype` in the module doc)."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [..., in] → [..., out] in the compute dtype."""
+        w = self.weight[...]
+        y = jax.lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return y.astype(self.dtype)
+
+
+class _MixedQwen35(Qwen35):
+    """The unrolled model with bfloat16 weight matrices: `_MixedRowLinear` layers and a head that does the same."""
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """[B, T, d] hidden states → [B, T, V] float32 logits (bf16 operands, float32 accumulation)."""
+        w = self._head_kernel()
+        return jnp.einsum("btd,dv->btv", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _mixed_graphdef(graphdef: nnx.GraphDef, params: nnx.State) -> nnx.GraphDef:
+    """`graphdef` (an unrolled model's) with `_MixedRowLinear` layers and `_MixedQwen35` logits, for the same params."""
+    model = nnx.merge(graphdef, params)  # new module objects (sharing the arrays), retyped below
+    for _, node in nnx.iter_graph(model):
+        if type(node) is RowLinear:
+            node.__class__ = _MixedRowLinear
+    model.__class__ = _MixedQwen35
+    return nnx.graphdef(model)
+
+
+def _cast_matrices(params: nnx.State, dtype: Any) -> nnx.State:
+    """`params` (unrolled layout) with every weight matrix and the embedding in `dtype`; norms, conv kernels and the
+    DeltaNet gates' vectors keep theirs (few bytes, precision-sensitive)."""
+    flat = []
+    for key, var in nnx.to_flat_state(params):
+        value = var[...] if isinstance(var, nnx.Variable) else var
+        if value.ndim == 2 and key[-1] in ("weight", "embedding") and value.dtype != dtype:
+            value = value.astype(dtype)
+        flat.append((key, value))
+    return nnx.from_flat_state(flat)
+
+
+def _weights_dtype(value: Any) -> Any:
+    """None, "", "float32", "bfloat16" or such a dtype → None (keep the model's) or the jnp dtype."""
+    if value is None or value == "":
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"weights_dtype must be one of {WEIGHTS_DTYPES} ('' = the model's), got {value!r}")
+    return dtype
 
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level inverse-CDF search in `sample_tokens`
@@ -157,6 +236,13 @@ class JaxEngine:
       cache_dtype: dtype of the KV and conv caches (the recurrent state is always float32).
       weight_version: the version label of `model`'s weights.
       batch_invariant: prefill each request alone, so results do not depend on batch composition (module doc).
+      prefill_chunk: C, the tokens per prefill call and the spacing of prefix-cache boundaries (a power of two >= 16;
+        `batch_invariant` only); DEFAULT_PREFILL_CHUNK says how 128 was chosen. An accelerator may prefer more.
+      prefix_cache_bytes: the byte budget of the prefix cache (module doc); 0 = off. Only with `batch_invariant`.
+        Entries are held as device arrays; each holds a DeltaNet state snapshot (Hv·Dk·Dv float32 per DeltaNet layer)
+        and the KV cache of its prefix.
+      weights_dtype: dtype of the engine's copy of the weight matrices: "" (or None) = the model's; "bfloat16" = half
+        the bytes per decode step, with float32 accumulation (module doc); "float32".
     """
 
     def __init__(
@@ -168,20 +254,51 @@ class JaxEngine:
         cache_dtype: Any = None,
         weight_version: int = 0,
         batch_invariant: bool = True,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        weights_dtype: Any = None,
     ):
+        if prefill_chunk < MIN_PREFILL_BUCKET or prefill_chunk & (prefill_chunk - 1):
+            raise ValueError(f"prefill_chunk must be a power of two >= {MIN_PREFILL_BUCKET}, got {prefill_chunk}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0 = no prefix cache), got {prefix_cache_bytes}")
+        cast_to = _weights_dtype(weights_dtype)
         self.config = model.config
         self.dtype = model.dtype  # compute dtype of the forward pass
         self.max_batch = max_batch
         self.max_len = max_len
         self.batch_invariant = batch_invariant
+        self.prefill_chunk = prefill_chunk
+        # Rows hold max_len rounded up to a multiple of C, so that a chunk never ends past the row.
+        self._cache_len = -(-max_len // prefill_chunk) * prefill_chunk
         # The engine runs the `unrolled` twin of the model (one array per layer, a copy of the weights): reading a
         # layer out of stacked weights inside the compiled step would copy it at every token.
         self._graphdef, params = nnx.split(unroll(model))
+        embedding = dict(nnx.to_flat_state(params))[("embed_tokens", "embedding")]
+        self.weights_dtype = jnp.dtype(cast_to or (embedding[...] if isinstance(embedding, nnx.Variable) else embedding).dtype)
+        # bfloat16 matrices meet bfloat16 inputs with float32 accumulation when asked for, or when the model computes in
+        # bfloat16 anyway (its own products round their inputs the same way); a float32 model given bfloat16
+        # parameters without weights_dtype keeps its own graph (weights upcast inside the step).
+        if self.weights_dtype == jnp.bfloat16 and (cast_to is not None or jnp.dtype(model.dtype) == jnp.bfloat16):
+            self._graphdef = _mixed_graphdef(self._graphdef, params)
+            cast_to = jnp.dtype(jnp.bfloat16)  # also for later updates: the mixed graph expects bfloat16 matrices
+        self._cast_to = cast_to
+        if cast_to is not None:
+            params = _cast_matrices(params, cast_to)
         self._params = params
         self._version = int(weight_version)
+        self._weights_generation = 0  # bumped by update_weights: the prefix cache's entries are then stale
         dtype = cache_dtype or model.dtype
-        self._state = init_decode_state(self.config, max_batch, max_len, dtype)
+        self._state = init_decode_state(self.config, max_batch, self._cache_len, dtype)
         self._cache_dtype = dtype
+        self._prefix_stats = PrefixStats()
+        self._prefix: PrefixCache | None = None
+        if prefix_cache_bytes and batch_invariant:
+            self._prefix = PrefixCache(prefix_cache_bytes, self._cache_len, self._prefix_stats)
+        elif prefix_cache_bytes:
+            log.info("prefix cache off: it applies to per-request prefill (batch_invariant=True) only")
+        self._prefix_generation = 0
+        self._logged_stats = PrefixStats()
         self._slots: list[_Active | None] = [None] * max_batch
         self._last = np.zeros((max_batch,), np.int32)
         self._queue: deque[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = deque()
@@ -197,7 +314,8 @@ class JaxEngine:
         self._admitting: list[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = []
         # Jitted per engine (not per class, keyed on `self`): the compiled programs and the decode state they hold go
         # when the engine does, so a process can run many engines one after another.
-        self._prefill = jax.jit(self._prefill_fn)
+        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,))
+        self._empty_rows = jax.jit(self._empty_rows_fn, static_argnums=(0,))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1,))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(0,))
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
@@ -210,13 +328,28 @@ class JaxEngine:
         return self._version
 
     def update_weights(self, params: nnx.State | Qwen35, version: int) -> None:
-        """Swaps in new parameters (a model or its `nnx.state`); later tokens use them and report `version`."""
+        """Swaps in new parameters (a model or its `nnx.state`); later tokens use them and report `version`.
+
+        They are copied in the engine's layout and `weights_dtype`; the prefix cache is emptied before their first use.
+        """
         if isinstance(params, nnx.Module):
             params = nnx.state(params)
         params = unroll_state(params)  # the engine's per-layer copy (see __init__)
+        if self._cast_to is not None:
+            params = _cast_matrices(params, self._cast_to)
         with self._lock:
             self._params = params
             self._version = int(version)
+            self._weights_generation += 1
+
+    def prefix_stats(self) -> dict[str, int]:
+        """Prefill counters since the engine started: requests prefilled alone, prefix-cache hits, prompt tokens
+        reused from the cache and prefilled (padding not counted), entries stored and evicted; entries and bytes held
+        now and the byte budget (0 without a cache)."""
+        with self._lock:
+            stats = dataclasses.asdict(self._prefix_stats)
+            held = (0, 0, 0) if self._prefix is None else (len(self._prefix), self._prefix.bytes, self._prefix.budget_bytes)
+            return {**stats, "entries": held[0], "bytes": held[1], "budget_bytes": held[2]}
 
     def submit(self, request: GenerationRequest, done: Callable[[GenerationResult], None]) -> None:
         """Queues a request; `done(result)` is called from the engine thread when it finishes."""
@@ -324,15 +457,18 @@ class JaxEngine:
 
     # -- jitted pieces ----------------------------------------------------------------------------------
 
-    def _prefill_fn(self, params, ids, valid, temperature, top_p, top_k, key_data, counts):
+    def _prefill_fn(self, params, state, ids, valid, temperature, top_p, top_k, key_data, counts):
+        """Continues `state` [n rows] with ids [n, T] (right-padded: valid [n, T]); samples each row's next token."""
         keys = _step_keys(key_data, counts)
         model = nnx.merge(self._graphdef, params)
-        state = init_decode_state(self.config, ids.shape[0], self.max_len, self._cache_dtype)
         h, state = model.hidden_states(ids, state=state, valid=valid)
         last = jnp.maximum(valid.sum(axis=1) - 1, 0)
         logits = model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1))[:, 0]
         tokens, logprobs = sample_tokens(logits, temperature, top_p, top_k, keys)
         return tokens, logprobs, state
+
+    def _empty_rows_fn(self, n: int) -> DecodeState:
+        return init_decode_state(self.config, n, self._cache_len, self._cache_dtype)
 
     def _decode_fn(self, params, state, last, active, temperature, top_p, top_k, key_data, counts):
         keys = _step_keys(key_data, counts)
@@ -360,7 +496,7 @@ class JaxEngine:
                 key_data[i], counts[i] = a.key_data, len(a.tokens)
         return temperature, top_p, top_k, key_data, counts
 
-    def _admit(self, params, version: int) -> None:
+    def _admit(self, params, version: int, generation: int) -> None:
         """Prefills as many waiting requests as there are free slots: each alone (batch_invariant) or together."""
         free = [i for i, s in enumerate(self._slots) if s is None]
         with self._lock:
@@ -375,33 +511,54 @@ class JaxEngine:
                 self._seed_counter += 1
                 seed = int(self._seed_counter)
             actives.append(_Active(request, done, np.asarray(jax.random.key_data(jax.random.key(seed)))))
-        groups = [[a] for a in actives] if self.batch_invariant else [actives]
-        placed = []
-        for group in groups:
-            slots = free[len(placed) : len(placed) + len(group)]
-            placed += [(slot, *sampled) for slot, sampled in zip(slots, self._prefill_group(params, group, slots))]
+        if self._prefix is not None and generation != self._prefix_generation:
+            self._log_prefix_stats()
+            self._prefix.clear()  # its states were computed with other weights
+            self._prefix_generation = generation
+        if self.batch_invariant:
+            placed = [(slot, *self._prefill_alone(params, a, slot)) for slot, a in zip(free, actives)]
+        else:
+            slots = free[: len(actives)]
+            placed = [(slot, *sampled) for slot, sampled in zip(slots, self._prefill_group(params, actives, slots))]
         for slot, a in zip(free, actives):
             self._slots[slot] = a
         self._admitting = []
         for slot, token, logprob in placed:
             self._record(slot, token, logprob, version)
 
+    def _prefill_alone(self, params, a: _Active, slot: int) -> tuple[int, float]:
+        """Chunk-aligned prefill of one request (module doc), resuming from the prefix cache when it can; writes the
+        state into `slot` and returns the first (token, logprob)."""
+        sampling = self._sampling_arrays([a], 1)
+        token, logprob, row = prefill_chunked(
+            lambda row, ids, valid: self._prefill(params, row, ids, valid, *sampling),
+            lambda: self._empty_rows(1), a.request.prompt_ids, self.prefill_chunk, self._prefix, self._prefix_stats,
+        )  # fmt: skip
+        self._state = self._insert(self._state, np.array([slot], np.int32), row)
+        return int(token[0]), float(logprob[0])
+
     def _prefill_group(self, params, actives: list[_Active], slots: list[int]) -> list[tuple[int, float]]:
         """Prefills `actives` as one right-padded sub-batch (rows and length bucketed to powers of two), writes
         their states into `slots` and returns each one's first (token, logprob)."""
         n = _bucket(len(actives))
-        length = _bucket(max(len(a.request.prompt_ids) for a in actives), MIN_PREFILL_BUCKET)
+        length = min(_bucket(max(len(a.request.prompt_ids) for a in actives), MIN_PREFILL_BUCKET), self._cache_len)
         ids = np.zeros((n, length), np.int32)
         valid = np.zeros((n, length), bool)
         for r, a in enumerate(actives):
             ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
             valid[r, : len(a.request.prompt_ids)] = True
-        tokens, logprobs, sub = self._prefill(params, ids, valid, *self._sampling_arrays(actives, n))
+        tokens, logprobs, sub = self._prefill(params, self._empty_rows(n), ids, valid, *self._sampling_arrays(actives, n))
         rows = np.full(n, self.max_batch, np.int32)  # padding rows point past the end and are dropped
         rows[: len(actives)] = slots
         self._state = self._insert(self._state, rows, sub)
         k = len(actives)  # rows past k are bucket padding
         return [(int(t), float(lp)) for t, lp in zip(np.asarray(tokens)[:k], np.asarray(logprobs)[:k])]
+
+    def _log_prefix_stats(self) -> None:
+        """Logs the prefix cache's use since the last call (once per weight version)."""
+        if self._prefix_stats.requests > self._logged_stats.requests:
+            log.info("prefix cache: %s", self._prefix.describe(self._logged_stats))
+        self._logged_stats = dataclasses.replace(self._prefix_stats)
 
     def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
         """Appends a sampled token to a slot; finishes the request when it stops or reaches its budget."""
@@ -458,12 +615,12 @@ class JaxEngine:
                     if self._closed:
                         break
                     self._busy = True
-                    params, version = self._params, self._version
+                    params, version, generation = self._params, self._version, self._weights_generation
                 if self._abort_all or self._to_abort:
                     self._apply_aborts(version)
                     continue
                 if self._queue and any(s is None for s in self._slots):
-                    self._admit(params, version)
+                    self._admit(params, version, generation)
                 if any(s is not None for s in self._slots):
                     self._step(params, version)
         except BaseException as e:  # never leave a caller waiting: abort everything, refuse new requests
