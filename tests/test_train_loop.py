@@ -67,6 +67,9 @@ def test_tiny_run_updates_logs_and_checkpoints(uninterrupted):
     assert first["rollout/counts/attempts"] == 2 and first["insight/written"] == 2
     assert first["update/optimizer_steps"] >= 1 and first["update/sft_tokens"] > 0 and first["update/grad_norm"] > 0
     assert first["update/grpo_tokens"] > 0 and first["filter/kept_attempts"] == 2
+    # Sync phases are sampled with the trainer's own weights (train.overlap_phases off).
+    assert first["rollout/weight_version_gap/max"] == second["rollout/weight_version_gap/max"] == 0.0
+    assert first["time/phase_s"] >= first["time/collect_s"] + first["time/update_s"] and first["time/prefetch_wait_s"] == 0.0
     # Every action is an environment interaction (the malformed last one too): the x-axis advances.
     assert first["rollout/counts/env_steps"] >= 2
     # Before any update the engine's and the trainer's logprobs agree: ratio 1, nothing clipped.
@@ -113,6 +116,27 @@ def test_resume_continues_exactly(uninterrupted, tmp_path):
     np.testing.assert_equal(_drop_times(second), _drop_times(ref_second))  # NaN == NaN (e.g. no-insight Pass@2)
     for a, b in zip(params + opt, ref_params + ref_opt, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_concurrent_attempt_chains_through_the_trainer(tmp_path):
+    """rollout.workers_per_task = 2 (without exact_group_size): two chains per task, ≥ K attempts per task, numbered
+    1..n without gaps or repeats, all trained on."""
+    c = _config(str(tmp_path / "run"), 1)
+    base.override(c, {"rollout.workers_per_task": 2, "rollout.exact_group_size": False, "rollout.tasks_per_phase": 2})
+    trainer = Trainer(base.validate(c))
+    try:
+        assert trainer.collector.workers_per_task == 2
+        metrics = trainer.run_phase()
+    finally:
+        trainer.close()
+    lines = [json.loads(x) for x in open(os.path.join(trainer.workdir, "rollouts", "phase_00000.jsonl"))]
+    per_task: dict[str, list[int]] = {}
+    for line in lines:
+        per_task.setdefault(line["task"]["task_id"], []).append(line["attempt"])
+    assert len(per_task) == 2
+    assert all(len(a) >= 2 and sorted(a) == list(range(1, len(a) + 1)) for a in per_task.values()), per_task
+    assert metrics["rollout/counts/attempts"] == len(lines) and metrics["filter/kept_attempts"] == len(lines)
+    assert metrics["update/optimizer_steps"] >= 1 and metrics["rollout/weight_version_gap/max"] == 0.0
 
 
 def test_paper_preset_without_weights_fails_fast(tmp_path):

@@ -10,6 +10,10 @@ runs and its insight joins the task's list. One task's attempts form one GRPO gr
 `exact_group_size=True` (not in the paper) stops each task at exactly K attempts instead: with one chain per
 task, a phase is then a deterministic function of the weights and seeds (every sampling seed already derives
 from the phase, task, attempt and step), which makes `--resume` reproduce an uninterrupted run.
+
+`Collector.start` runs a phase in a background thread with its own asyncio loop and returns a `PendingPhase`
+(`wait` for its result, `cancel` to stop it): the trainer's `train.overlap_phases` collects phase n + 1 with the
+weights of version n that way while it updates on phase n.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import glob
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -101,6 +107,18 @@ class Collector:
         """Runs one phase (blocking)."""
         return asyncio.run(self.collect_async(tasks, phase))
 
+    def start(self, tasks: Sequence[Task], phase: int) -> PendingPhase:
+        """Starts one phase in a background thread (its own asyncio loop) and returns at once (`PendingPhase`).
+
+        The caller must not run another phase (or anything that resets `schedule`) on this collector, nor change
+        the engine's weights, before the pending phase has ended (`PendingPhase.join`, `wait` or `cancel`).
+        """
+        if not tasks:  # the same checks as collect_async, raised here in the caller's thread
+            raise ValueError("a phase needs at least one task")
+        if len({t.task_id for t in tasks}) != len(tasks):
+            raise ValueError("the tasks of a phase must be distinct (one group per task)")
+        return PendingPhase(self, tasks, phase)
+
     async def _write(self, failed: FailedAttempt, seed: int, where: str) -> Judgement:
         """The writer's judgement; an exception there is a parse failure of this attempt (no insight, counted), never
         the end of the phase."""
@@ -162,6 +180,155 @@ class Collector:
             if bar is not None:
                 bar.close()
         return PhaseResult(tuple(attempts), tuple(judgements))
+
+
+class PendingPhase:
+    """A phase being collected in a background thread with its own asyncio loop (`Collector.start`).
+
+    `wait()` returns its `PhaseResult` or raises the collection's exception in the calling thread (with a note
+    naming the phase); `cancel()` stops it (its attempts in flight are cancelled and their environments closed) and
+    joins the thread. After a cancellation or an error every request queued or running in the engines is aborted
+    (`pause("abort")` or `abort()`, where the engine has them), so nothing else may be generating on them meanwhile
+    (the trainer runs nothing else while a phase is pending); results that arrive late are dropped. Either way the
+    thread and its loop are gone afterwards: no thread of a pending phase outlives `wait`, `join` or `cancel`.
+
+    Attributes:
+      tasks: the phase's tasks.
+      phase: the phase index (the collection's seeds derive from it).
+      seconds: wall time of the collection (NaN until it has ended).
+    """
+
+    def __init__(self, collector: Collector, tasks: Sequence[Task], phase: int):
+        self.tasks, self.phase = tuple(tasks), phase
+        self.seconds = float("nan")
+        self._collector = collector
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[PhaseResult] | None = None
+        self._cancelled = False
+        self._result: PhaseResult | None = None
+        self._error: BaseException | None = None
+        self._noted = False
+        self._started = False
+        self._thread = threading.Thread(target=self._run, name=f"collect-phase-{phase}", daemon=True)
+        self._thread.start()
+
+    # -- the background thread --------------------------------------------------------------------------
+
+    def _engines(self) -> list[Any]:
+        """The engines this phase sends requests to (the policy's; the insight writer's when it is another)."""
+        engines = [self._collector.engine]
+        writer_engine = getattr(self._collector.writer, "engine", None)
+        if writer_engine is not None and writer_engine is not self._collector.engine:
+            engines.append(writer_engine)
+        return engines
+
+    async def _main(self) -> PhaseResult:
+        with self._lock:
+            if self._cancelled:
+                raise asyncio.CancelledError
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            self._started = True
+        try:
+            return await self._collector.collect_async(self.tasks, self.phase)
+        finally:
+            with self._lock:
+                self._task = None
+
+    async def _stop(self) -> None:
+        """After a cancellation or an error: cancels the attempt chains still running (a failed chain leaves its
+        siblings running) and aborts the requests they left queued or running in the engines, waiting until an
+        engine with `pause` has dropped them (so that a later request is never caught by this abort); results that
+        still arrive are dropped (`_PhaseLoop`)."""
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if self._started:  # (a phase cancelled before it began sent nothing)
+            for engine in self._engines():
+                pause, resume = getattr(engine, "pause", None), getattr(engine, "resume", None)
+                if pause is not None and resume is not None and not getattr(engine, "paused", True):
+                    await asyncio.to_thread(pause, "abort")  # returns once the engine has dropped them (JaxEngine)
+                    resume()
+                elif (abort := getattr(engine, "abort", None)) is not None:
+                    abort()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            with asyncio.Runner(loop_factory=_PhaseLoop) as runner:
+                try:
+                    self._result = runner.run(self._main())
+                except BaseException as e:  # noqa: BLE001 (handed to the caller's thread by wait())
+                    self._error = e
+                    runner.run(self._stop())
+        except BaseException as e:  # noqa: BLE001
+            if self._error is None:
+                self._error = e
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    # -- the caller's side ------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """The collection has ended (finished, failed or cancelled)."""
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits until the collection has ended (at most `timeout` s); True if it has. Raises nothing."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def wait(self) -> PhaseResult:
+        """The phase's result, once collected; re-raises the collection's exception here (a cancelled phase
+        raises `asyncio.CancelledError`)."""
+        self._thread.join()
+        if self._error is not None:
+            if not isinstance(self._error, asyncio.CancelledError) and not self._noted:
+                self._error.add_note(f"(raised while collecting phase {self.phase} in a background thread: train.overlap_phases)")
+                self._noted = True
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Stops the collection (if it is still running) and joins its thread."""
+        with self._lock:
+            self._cancelled = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed meanwhile: the collection had already ended
+                pass
+        self._thread.join()
+
+
+class _PhaseLoop(asyncio.SelectorEventLoop):
+    """The event loop of a `PendingPhase`: the engines deliver results from their own threads
+    (`call_soon_threadsafe`), and a request of a cancelled attempt may finish after its future was cancelled, or
+    after this loop closed. Both late results are dropped here instead of being reported as errors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_exception_handler(_drop_late_results)
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if self.is_closed():  # the phase has ended: nobody waits for this result
+                return None
+            raise
+
+
+def _drop_late_results(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Exception handler of a `_PhaseLoop`: the result of a request whose attempt was cancelled (setting its
+    cancelled future raises `InvalidStateError`) is dropped; anything else goes to asyncio's default handler."""
+    if isinstance(context.get("exception"), asyncio.InvalidStateError):
+        return
+    loop.default_exception_handler(context)
 
 
 def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None:

@@ -17,10 +17,34 @@ running many Trainers silences them with `logging.getLogger("rltldr_jax.train.lo
 and appends every metric to `{workdir}/metrics.jsonl`. An optimizer step with a non-finite loss or gradient norm
 is skipped (train_step), warned about, and counted (`update/skipped_nonfinite`); `train.max_nonfinite_skips` in a
 row stop the run with NonFiniteError before the next checkpoint.
+
+In a multi-process job (one process per host, `sharding.initialize_distributed`) every process runs the same
+loop on the same global batches: process 0 alone holds the engines, collects, evaluates and writes events,
+metrics and rollouts; what it collected or measured is broadcast (`sharding.from_main_process`).
+
+Overlapped phases (`train.overlap_phases`, not in the paper; `run()` only, `run_phase()` always collects first):
+phase n + 1 is collected in a background thread (`Collector.start`: its own asyncio loop) with the weights of
+version n while the trainer updates on phase n; once both are done the engine gets version n + 1, so each phase is
+sampled with one version, one behind the trainer's (`rollout/weight_version_gap/{mean,max}` = trainer version −
+sampler version over the phase's steps: 0 for the run's first phase and the first after a resume, 1 for the
+others). The importance ratio against the sampler's logprobs corrects for the lag; `train.max_logprob_gap`'s check
+is skipped on lagged phases (their gap measures the previous update). `time/phase_s` is a phase's wall time in the
+main thread and `time/prefetch_wait_s` how long the weight push waited for the background collection.
+- Budget: the next phase is prefetched only if the run will train it (its step count is known before the update),
+  so `train.env_step_budget` / `train.max_phases` never collect a phase for nothing.
+- Errors: the NaN guard, a failed checkpoint save or an interrupt during the update cancels the prefetched phase
+  (discarded, not counted, its tasks returned to the cursor) and joins its thread; `close()` does the same before it
+  closes the engines. An exception in the background collection is raised in the main thread, with its message and
+  a note naming the phase, when that phase is due: after the phase being trained is logged and checkpointed.
+- Evaluations run between phases, when no collection is in flight, with the newly pushed weights.
+- Checkpoints: a checkpoint taken while phase n + 1 is prefetched saves the task cursor before its tasks, and a
+  resumed run collects phase n + 1 again, synchronously, with the checkpoint's weights (version gap 0), so
+  resume == uninterrupted holds for sync runs only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -30,14 +54,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from rltldr_jax.agent.collector import Collector, save_phase
+from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
-from rltldr_jax.engines.factory import close_engine, policy_engine, teacher_engine
+from rltldr_jax.engines.factory import close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
+from rltldr_jax.sharding import OnMainProcess, from_main_process, is_main_process
 from rltldr_jax.tokenization import ContextBuilder
 from rltldr_jax.train.batching import Example, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
@@ -45,7 +70,7 @@ from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
 from rltldr_jax.train.resume import check_config_changes, claim_workdir, move_aside, rollouts_from
 from rltldr_jax.train.summary import SummaryWriter
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, make_optimizer
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_from_config
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +131,13 @@ class Trainer:
                                       insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
         model = build_policy(config)
         self.model_config = model.config
-        o = config.optim
-        tx = make_optimizer(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+        tx = optimizer_from_config(config.optim)
         loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps,
                               judge_coef=config.loss.judge_sft_coef)  # fmt: skip
         self.update = ShardedUpdate(config, model, tx, loss_cfg)
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
+        self._prefetch: _Prefetch | None = None  # the next phase, collected in the background (train.overlap_phases)
         self.phase = 0
         self.env_steps = 0
         self.tokens = 0
@@ -120,8 +145,15 @@ class Trainer:
         self.start_time = time.time()
         if resume:
             self._resume(candidates, explicit=resume_step is not None)
-        self.engine = policy_engine(config, self.update.model(), workdir=self.workdir, version=self.version)
-        self.teacher, teacher_tokenizer = (None, None) if config.insight.schedule == "never" else teacher_engine(config)
+        policy = self.update.model()  # (every process: a collective in a multi-process job)
+        self.engine = (policy_engine(config, policy, workdir=self.workdir, version=self.version) if is_main_process()
+                       else OnMainProcess("the policy engine"))  # fmt: skip
+        self.initial_weights = ensure_served(self.engine, policy, self.version,
+                                             assume=config.engine.assume_initial_weights)  # fmt: skip
+        if config.insight.schedule == "never":
+            self.teacher, teacher_tokenizer = None, None
+        else:
+            self.teacher, teacher_tokenizer = teacher_engine(config) if is_main_process() else (OnMainProcess("the teacher"), None)
         self.schedule = InsightSchedule.from_config(config)
         writer = None
         if config.insight.schedule != "never":
@@ -154,17 +186,26 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------------------
 
     def done(self) -> bool:
+        return self._done_at(self.phase, self.env_steps)
+
+    def _done_at(self, phase: int, env_steps: int) -> bool:
+        """Whether the run stops at these counts (`train.env_step_budget`, `train.max_phases`)."""
         t = self.config.train
-        return bool((t.env_step_budget and self.env_steps >= t.env_step_budget) or (t.max_phases and self.phase >= t.max_phases))
+        return bool((t.env_step_budget and env_steps >= t.env_step_budget) or (t.max_phases and phase >= t.max_phases))
 
     def run(self) -> None:
         """Phases until the budget is spent (evaluating every `eval.every` phases); a run always ends with an
-        evaluation and a checkpoint of its last phase."""
+        evaluation and a checkpoint of its last phase. With `train.overlap_phases` each phase's update overlaps the
+        next phase's collection (module docstring)."""
         try:
             every = self.config.eval.every
+            overlap = bool(self.config.train.get("overlap_phases", False))
             evaluated = -1
             while not self.done():
-                self.run_phase()
+                if overlap:
+                    self._overlapped_phase()
+                else:
+                    self.run_phase()
                 if every and self.phase % every == 0:
                     self.evaluate()
                     evaluated = self.phase
@@ -177,19 +218,70 @@ class Trainer:
             self.close()
 
     def run_phase(self) -> dict[str, float]:
-        """One collection + update phase; returns its metrics.
+        """One collection + update phase, collected synchronously (also under `train.overlap_phases`: only `run`
+        overlaps); returns its metrics.
 
         Raises:
           CheckpointSaveError: the previous phase's checkpoint failed to save (checked before collecting, and
             before updating), so no more compute is spent on a run that cannot be saved.
         """
-        c = self.config
+        if self._prefetch is not None:
+            raise RuntimeError("run_phase() while the next phase is being collected in the background: call it outside run()")
+        start = time.time()
         self.checkpoints.check_saved()
-        tasks = self.tasks.take(c.rollout.tasks_per_phase)
+        tasks = self.tasks.take(self.config.rollout.tasks_per_phase)
         t0 = time.time()
-        result = self.collector.collect(tasks, self.phase)
-        collect_s = time.time() - t0
-        if c.rollout.save_rollouts:
+        result = from_main_process(lambda: self.collector.collect(tasks, self.phase))  # process 0 collects, all get it
+        return self._train_phase(result, time.time() - t0, start=start)
+
+    def _overlapped_phase(self) -> dict[str, float]:
+        """One phase of `train.overlap_phases`: its collection (prefetched during the previous phase's update, or
+        collected now if none was), then the next phase's collection started in the background (only if the run
+        will train it), this phase's update, the wait for that collection, the weight push; returns the metrics."""
+        start = time.time()
+        self.checkpoints.check_saved()
+        n = self.config.rollout.tasks_per_phase
+        prefetch, self._prefetch = self._prefetch, None
+        t0 = time.time()
+        if prefetch is None:  # the run's first phase, or the first after a resume
+            tasks = self.tasks.take(n)
+            result = from_main_process(lambda: self.collector.collect(tasks, self.phase))
+            collect_s = time.time() - t0
+        else:
+            try:  # an error of the background collection is raised here, on every process
+                result, collect_s = from_main_process(lambda: (prefetch.pending.wait(), prefetch.pending.seconds))
+            except BaseException:  # (or an interrupt while waiting: the collection is stopped)
+                self._prefetch = prefetch
+                self._discard_prefetch()  # its tasks were never trained
+                raise
+        if not self._done_at(self.phase + 1, self.env_steps + result.env_steps):
+            cursor = self.tasks.state()
+            tasks = self.tasks.take(n)
+            try:
+                self._prefetch = _Prefetch(self.collector.start(tasks, self.phase + 1) if is_main_process() else None, cursor)
+            except BaseException:
+                self.tasks.restore(cursor)
+                raise
+        try:
+            return self._train_phase(result, collect_s, start=start, prefetch=self._prefetch)
+        except BaseException:
+            self._discard_prefetch()  # the NaN guard, a failed checkpoint, an interrupt: no thread outlives the phase
+            raise
+
+    def _discard_prefetch(self) -> None:
+        """Cancels the phase being collected in the background (if any): it is never trained nor counted, and its
+        tasks go back to the task cursor."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            if prefetch.pending is not None:
+                prefetch.pending.cancel()
+            self.tasks.restore(prefetch.cursor)
+
+    def _train_phase(self, result: PhaseResult, collect_s: float, *, start: float, prefetch: _Prefetch | None = None) -> dict[str, float]:
+        """The update on a collected phase, the weight push (after `prefetch`'s collection has ended: the engine
+        changes weights between phases only), counters, logs and the checkpoint; returns the phase's metrics."""
+        c = self.config
+        if c.rollout.save_rollouts and is_main_process():
             save_phase(os.path.join(self.workdir, "rollouts", f"phase_{self.phase:05d}.jsonl"), self.phase, result)
         examples, stats = phase_examples(
             result.attempts, self.builder, std_normalize=c.loss.std_normalize, filter_zero_advantage=c.loss.filter_zero_advantage,
@@ -198,10 +290,19 @@ class Trainer:
             sft_prefix=c.loss.lam > 0, judgements=result.judgements,
             judge_sft=c.loss.judge_sft_filter if c.loss.judge_sft_coef > 0 else None, seed=c.seed + self.phase,
         )  # fmt: skip
+        # Trainer version - sampler version of every step: 0 in sync mode, 1 for a phase prefetched under overlap_phases.
+        gaps = [self.version - s.weight_version for a in result.attempts for s in a.steps] or [0]
         self.checkpoints.check_saved(wait=True)
         t0 = time.time()
-        update = update_phase(self.update, examples, c, phase=self.phase, guard=self.nonfinite, progress=self.progress)
+        # On a lagged phase the first minibatch's gap measures the previous update, not an engine mismatch.
+        update = update_phase(self.update, examples, c, phase=self.phase, guard=self.nonfinite, progress=self.progress,
+                              check_gap=max(gaps) <= 0)  # fmt: skip
         update_s = time.time() - t0
+        wait_s = 0.0
+        if prefetch is not None and prefetch.pending is not None:
+            t0 = time.time()
+            prefetch.pending.join()  # (an error it raised surfaces when its phase is due: the next _overlapped_phase)
+            wait_s = time.time() - t0
         t0 = time.time()
         self.version = self.phase + 1
         self.engine.update_weights(self.update.model(), self.version)
@@ -214,6 +315,7 @@ class Trainer:
             **{f"rollout/{k}": v for k, v in summarize(records, c.eval.attempts_per_task).items()},
             **{f"update/{k}": v for k, v in update.items()},
             "rollout/malformed_fraction": float(np.mean([a.end == "malformed" for a in result.attempts])),
+            "rollout/weight_version_gap/mean": float(np.mean(gaps)), "rollout/weight_version_gap/max": float(max(gaps)),
             "insight/parse_failures": float(result.parse_failures),
             "insight/written": float(sum(j.insight is not None for _, _, j in result.judgements)),
             "filter/kept_attempts": float(stats.kept_attempts),
@@ -221,6 +323,7 @@ class Trainer:
             "filter/examples": float(stats.examples),
             "filter/judge_examples": float(stats.judge_examples),
             "time/collect_s": collect_s, "time/update_s": update_s, "time/weight_sync_s": sync_s,
+            "time/prefetch_wait_s": wait_s, "time/phase_s": time.time() - start,
             "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),
         }  # fmt: skip
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
@@ -234,14 +337,18 @@ class Trainer:
         """Held-out tasks (and `eval.train_num_tasks` training tasks), `eval.attempts_per_task` attempts each, no
         insights: macro Pass@1 and Pass@K (train/evaluation.py), logged at the current environment-step count."""
         t0 = time.time()
+        metrics = from_main_process(self._evaluate_here)  # the engines live on process 0; every process gets its metrics
+        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        self.metrics_log.write("eval", self.phase, self.env_steps, metrics)
+        log.info(eval_line(self.phase, metrics, attempts_per_task=self.config.eval.attempts_per_task, seconds=time.time() - t0))
+        return metrics
+
+    def _evaluate_here(self) -> dict[str, float]:
         metrics, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress)
         if self.config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
             held_in, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase,
                                   progress=self.progress, tasks=eval_tasks(self.config, on_train_split=True), prefix="eval_train")  # fmt: skip
             metrics |= held_in
-        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
-        self.metrics_log.write("eval", self.phase, self.env_steps, metrics)
-        log.info(eval_line(self.phase, metrics, attempts_per_task=self.config.eval.attempts_per_task, seconds=time.time() - t0))
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -249,10 +356,15 @@ class Trainer:
     def save(self) -> None:
         meta = {
             "phase": self.phase, "env_steps": self.env_steps, "tokens": self.tokens, "version": self.version,
-            "walltime": time.time() - self.start_time, "task_cursor": self.tasks.state(), "config": self.config.to_dict(),
+            "walltime": time.time() - self.start_time, "task_cursor": self._task_cursor(), "config": self.config.to_dict(),
         }  # fmt: skip
         self.checkpoints.save(self.phase, params=self.update.params, opt_state=self.update.opt_state, rng=self.rng, meta=meta,
                               model_config=self.model_config)  # fmt: skip
+
+    def _task_cursor(self) -> dict[str, int]:
+        """The cursor of the first task not trained yet: a prefetched phase's tasks count as not taken (a resumed run
+        collects that phase again, synchronously, with the checkpoint's weights)."""
+        return self._prefetch.cursor if self._prefetch is not None else self.tasks.state()
 
     def _check_config(self, step: int, meta: dict[str, Any]) -> None:
         """Logs the config changes since checkpoint `step` and refuses those that change what the run trains."""
@@ -303,7 +415,10 @@ class Trainer:
             self.checkpoints = Checkpointer(directory, keep=self.config.train.keep_checkpoints)
 
     def close(self) -> None:
+        """Cancels a phase still being collected in the background (its thread is joined first), waits for the
+        checkpoint in flight, closes the event files and the engines, and releases the workdir's lock."""
         try:
+            self._discard_prefetch()
             self.checkpoints.wait_until_finished()
         finally:
             try:
@@ -314,15 +429,32 @@ class Trainer:
                 self._lock.close()
 
 
+
+@dataclasses.dataclass(frozen=True)
+class _Prefetch:
+    """The next phase, being collected in the background while this one trains (`train.overlap_phases`)."""
+
+    pending: PendingPhase | None  # None on processes other than 0: they receive its result from process 0
+    cursor: dict[str, int]  # the task cursor before its tasks were taken (what a checkpoint saves meanwhile)
+
+
 def update_phase(
-    update: ShardedUpdate, examples: Sequence[Example], config: Any, *, phase: int, guard: NonFiniteGuard, progress: bool = False
+    update: ShardedUpdate,
+    examples: Sequence[Example],
+    config: Any,
+    *,
+    phase: int,
+    guard: NonFiniteGuard,
+    progress: bool = False,
+    check_gap: bool = True,
 ) -> dict[str, float]:
     """`batch.ppo_epochs` passes of optimizer steps over a phase's examples (shuffled per epoch, seeded by phase).
 
     Returns the steps' mean metrics, the first minibatch's ratio diagnostics, `optimizer_steps`, and
     `skipped_nonfinite` (a count: steps `train_step` skipped for a non-finite loss or gradient norm; the means
     include their NaN/inf, so a phase with a skipped step shows it). `guard` raises NonFiniteError after too many
-    skips in a row.
+    skips in a row. With `check_gap` (the examples were sampled with the trainer's current weights, in their
+    training contexts) the first minibatch's logprob gap is checked against `train.max_logprob_gap`.
     """
     b = config.batch
     if not examples:
@@ -350,6 +482,8 @@ def update_phase(
                 n += 1
                 if bar is not None:
                     bar.update(1)
+                if n == 1 and check_gap and config.loss.insight_rollouts == "in_context":  # else other contexts than sampled
+                    check_logprob_gap(metrics, config.train.max_logprob_gap, phase)
                 guard.record(metrics, f"phase {phase + 1}, optimizer step {n}")
     finally:
         if bar is not None:
