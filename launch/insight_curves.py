@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.engines.factory import policy_engine, teacher_engine
     from rltldr_jax.envs import make_env
     from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
-    from rltldr_jax.train.loop import workdir_of
+    from rltldr_jax.train.setup import workdir_of
 
     try:
         modes = ic.parse_modes(_MODES.value)

@@ -22,11 +22,9 @@ held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), bas
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import sys
-import time
 
 from absl import app, flags
 

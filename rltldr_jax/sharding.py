@@ -125,12 +125,6 @@ def optimizer_shardings(tx: optax.GradientTransformation, opt_state, params_shar
     )
 
 
-def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """The model with every parameter placed on the mesh by the rules (a new module; the old is untouched)."""
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.device_put(state, param_shardings(state, mesh)))
-
-
 # ----------------------------------------------------------------------------------------------------
 # Activations
 # ----------------------------------------------------------------------------------------------------

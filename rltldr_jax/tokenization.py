@@ -410,11 +410,6 @@ class ContextBuilder:
 
     # -- pieces -------------------------------------------------------------------------------------------
 
-    @property
-    def generation_prompt(self) -> tuple[int, ...]:
-        """`<|im_start|>assistant\\n<think>\\n` (or the closed empty think block when not thinking)."""
-        return self._generation_prompt
-
     def _user_turn(self, content: Sequence[Segment]) -> list[Segment]:
         return [
             Segment(self._user_open, Provenance.TEMPLATE),

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from configs import base, sapi
 from rltldr_jax.train.loop import Trainer
 
-#: Every scalar a phase and an evaluation must log (the issue's list: deconfounded metrics, entropy, clip
+#: Every scalar a phase and an evaluation must log (App. D.1's diagnostics: deconfounded metrics, entropy, clip
 #: fractions, engine-vs-trainer gap, SFT NLL and token counts, parse failures, weight-sync time).
 REQUIRED_TAGS = (
     "rollout/pass@1/all", "rollout/pass@1/no_insight", "rollout/pass@1/insight", "rollout/pass@all/all",

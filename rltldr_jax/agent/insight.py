@@ -61,7 +61,7 @@ JUDGE_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
 # ----------------------------------------------------------------------------------------------------
 
 # GUESS: the PDF extraction prints "======== AGENT ROLLOUT ========" and "== END OF AGENT ROLLOUT"; the number of
-# "=" is unknown (paper-details §3). 30 on each side, as one re-implementation writes the end line.
+# "=" is unknown (App. A.1, Prompt 1, as printed). 30 on each side, as one re-implementation writes the end line.
 ROLLOUT_START = "=" * 30 + " AGENT ROLLOUT " + "=" * 30
 ROLLOUT_END = "=" * 30 + " END OF AGENT ROLLOUT " + "=" * 30
 
@@ -108,7 +108,7 @@ As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the 
 - Do NOT reveal ground-truth values (private_data.* / unit-test RHS).
 """
 
-# GUESS: the paper does not show its LeetCode variant (paper-details §7.4). This is Prompt 1 with the on-device
+# GUESS: the paper does not show its LeetCode variant of Prompt 1 (App. A.1 shows the SAPI one). This is Prompt 1 with the on-device
 # wording replaced by coding wording and "ground truth" read as the tests' expected outputs; everything else is
 # kept word for word.
 _CODING_INTRO = (

@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from rltldr_jax.checkpoint import split_step  # noqa: F401  (re-exported: `DIR[:STEP]` parsing shared with checkpoint.load_model)
+from rltldr_jax.checkpoint import split_step  # `DIR[:STEP]` parsing, shared with checkpoint.load_model
 
 TOP_FRACTION = 0.01  # the paper's "top-1% share of Δθ²"
 DEFAULT_BINS_PER_OCTAVE = 1024

@@ -149,10 +149,6 @@ class CurveResult:
     def max_k(self) -> int:
         return len(self.pass_at_k)
 
-    def insight_counts(self) -> dict[str, list[int]]:
-        """Per task, the number of insights in context of each attempt, in attempt order."""
-        return {tid: [len(a.insights) for a in group] for tid, group in self.phase.groups().items()}
-
 
 def _mean_insights(phase: PhaseResult, max_k: int) -> np.ndarray:
     """[max_k] mean insight count at attempt k over tasks with at least max_k attempts (NaN if none)."""

@@ -47,7 +47,7 @@ import json
 import re
 import secrets
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -551,12 +551,3 @@ class LeetCodeEnv:
                 self._sandbox.close()
             finally:
                 self._sandbox = None
-
-
-def make_tasks(split: str, names: Sequence[str] | None = None) -> list[Task]:
-    """Tasks of a split, optionally only the named ids (e.g. ["leetcode/two_sum"])."""
-    tasks = load_tasks(split)
-    if names is None:
-        return tasks
-    wanted = set(names)
-    return [t for t in tasks if t.task_id in wanted]

@@ -67,7 +67,7 @@ from rltldr_jax.tokenization import ContextBuilder
 from rltldr_jax.train.batching import Example, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
-from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of  # noqa: F401 (workdir_of re-exported)
+from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.resume import check_config_changes, claim_workdir, move_aside, rollouts_from
 from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_from_config

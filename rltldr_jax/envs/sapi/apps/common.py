@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..world import ApiError, App, Ctx
+from ..world import App, Ctx
 
 
 def add_account_apis(app: App) -> App:
@@ -43,12 +43,6 @@ def add_account_apis(app: App) -> App:
     app.api()(logout)
     app.api()(show_account)
     return app
-
-
-def require_user(ctx: Ctx) -> str:
-    if ctx.user is None:
-        raise ApiError(401, "This API needs an access token.")
-    return ctx.user
 
 
 def match(value: Any, wanted: Any) -> bool:
