@@ -557,7 +557,7 @@ class JaxEngine:
     def _log_prefix_stats(self) -> None:
         """Logs the prefix cache's use since the last call (once per weight version)."""
         if self._prefix_stats.requests > self._logged_stats.requests:
-            log.info("prefix cache: %s", self._prefix.describe(self._logged_stats))
+            log.debug("prefix cache: %s", self._prefix.describe(self._logged_stats))
         self._logged_stats = dataclasses.replace(self._prefix_stats)
 
     def _record(self, slot: int, token: int, logprob: float, version: int) -> None:
