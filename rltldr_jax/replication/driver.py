@@ -34,7 +34,7 @@ from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, 
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import plan_runs, run_one
 from rltldr_jax.replication.report import write_results
-from rltldr_jax.train.pretrain import find_pretrained, pretrain
+from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
 
 
 def _pct(x: float) -> str:
@@ -160,11 +160,15 @@ def run_replication(
     for seed in seeds:
         keys = [k for k in configs if k[1] == seed]
         t = time.time()
-        for k in keys:  # (arms that pretrain alike share one cached checkpoint)
+        found: dict[str, str] = {}  # pretraining directory -> checkpoint: arms that pretrain alike share one lookup
+        for k in keys:
             c = configs[k]
             if c.pretrain.steps > 0 and not c.model.checkpoint:
+                key = pretrained_dir(c)
+                if key not in found:
+                    found[key] = base_policy(c, progress=progress)
                 configs[k] = copy.deepcopy(c)
-                configs[k].model.checkpoint = base_policy(c, progress=progress)
+                configs[k].model.checkpoint = found[key]
         pretrained = configs[keys[0]]
         others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
         echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
