@@ -126,6 +126,7 @@ def _workdir_rules(workdir: str) -> dict[str, Any]:
     sharding.barrier("outputs written")
     with open(os.path.join(workdir, LOCK), encoding="utf-8") as f:
         r["lock_file"] = f.read().strip()
+    sharding.barrier("lock file read")  # (process 0's second claim below rewrites the file: read it first on both)
     r["event_files"] = sorted(os.path.relpath(os.path.join(d, n), workdir) for d, _, files in os.walk(os.path.join(workdir, "tb"))
                               for n in files)  # fmt: skip
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
