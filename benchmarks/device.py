@@ -332,6 +332,7 @@ def _train_batch(config: Qwen35Config, context: int, micro: int, accum: int, see
 
 def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: int, accum: int) -> Row:
     from configs.base import get_config
+    from rltldr_jax.sharding import MeshConfig
     from rltldr_jax.train.setup import ShardedUpdate
     from rltldr_jax.train.step import LossConfig, make_optimizer
 
@@ -344,8 +345,7 @@ def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: 
     model = spec.build(seed=0)
     tx = make_optimizer(cfg.optim.learning_rate, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps,
                         weight_decay=cfg.optim.weight_decay, grad_clip_norm=cfg.optim.grad_clip_norm)  # fmt: skip
-    loss_cfg = LossConfig(lam=cfg.loss.lam, grpo_coef=cfg.loss.grpo_coef, clip_eps=cfg.loss.clip_eps)
-    update = ShardedUpdate(cfg, model, tx, loss_cfg)
+    update = ShardedUpdate(MeshConfig.from_config(cfg), model, tx, LossConfig.from_config(cfg), micro_batch_size=micro)
     del model
     batch = _train_batch(config, context, micro, accum, seed=1)
     n_dev = update.mesh.size

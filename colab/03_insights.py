@@ -140,11 +140,11 @@ import ml_collections
 from configs import base
 from rltldr_jax.analysis import rollouts as ro
 from rltldr_jax.analysis.reliance import recorded_run_config
-from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
+from rltldr_jax.tokenization import context_builder, load_tokenizer
 
 config = base.validate(ml_collections.ConfigDict(recorded_run_config(CKPT_DIR)))
 tokenizer = load_tokenizer(config.tokenizer or config.model.checkpoint or None)
-builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+builder = context_builder(config, tokenizer)
 records = ro.load_rollouts(WORKDIR)
 ANALYSIS = os.path.join(WORKDIR, "analysis")
 print(f"{len(records)} attempts of {len({r.task_id for r in records})} tasks in {len({r.phase for r in records})} phases")
@@ -266,26 +266,24 @@ print("written:", sorted(f for f in os.listdir(ANALYSIS) if f.endswith(".csv")))
 # %%
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.analysis import insight_curves as ic
-from rltldr_jax.engines.factory import policy_engine, teacher_engine
-from rltldr_jax.envs import make_env
+from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine, teacher_engine
+from rltldr_jax.train.setup import env_maker
 
 MAX_K, NUM_TASKS = (2, 1) if TEST_MODE else (4, 4)
 CURVES = os.path.join(WORKDIR, "insight_curves")
 base_policy, what = load_policy(f"{CKPT_DIR}:{FIRST}")
 tasks = ic.curve_tasks(config, num_tasks=NUM_TASKS)  # from the training split, as in the paper
-engine = policy_engine(config, base_policy, workdir=CURVES)
-teacher, teacher_tokenizer = teacher_engine(config)
+engine_config = EngineConfig.from_config(config)
+engine = policy_engine(engine_config, base_policy, workdir=CURVES)
+teacher, teacher_tokenizer = teacher_engine(engine_config)
 try:
     writer = InsightWriter.from_config(config, tokenizer, engine, teacher, teacher_tokenizer)
     curves = ic.insight_curves(
-        engine, builder, config, tasks=tasks, writer=writer, max_k=MAX_K,
-        make_env=lambda: make_env(config.env.name, step_timeout_s=config.env.step_timeout_s,
-                                  memory_limit_mb=config.env.memory_limit_mb),
+        engine, builder, config, tasks=tasks, writer=writer, max_k=MAX_K, make_env=env_maker(config),
     )  # fmt: skip
 finally:
-    for e in (engine, teacher):
-        if e is not None:
-            e.close()
+    close_engine(engine)
+    close_engine(teacher)
 ic.write_curves(curves, CURVES)
 print(f"{what}, {len(tasks)} tasks, k ≤ {MAX_K}")
 print_table([{"mode": ic.MODE_LABELS[m], **{f"Pass@{k}": float(r.pass_at_k[k - 1]) for k in range(1, MAX_K + 1)},

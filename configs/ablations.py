@@ -70,7 +70,7 @@ _ENTRIES: tuple[Ablation, ...] = (
         {"insight.content": "strategy", "insight.after": "any", "loss.lam": 0.0},
         "As §4.1 describes the baseline: after every attempt, failed or successful, the insight writer's JSON "
         "`summary` of it (no diagnosis of what went wrong) is inserted under '==> Summary of a previous Attempt n "
-        "... <== Try a different strategy than this one: ' (agent/insight.py SGE_SCAFFOLD) by the same schedule; no "
+        "... <== Try a different strategy than this one: ' (tokenization.py SGE_SCAFFOLD) by the same schedule; no "
         "SFT loss; positive-ratio filtering stays on (A.3.2). Szot et al.'s own method also has the policy write a "
         "strategy before acting, mixed-temperature sampling and strategy reflection; those are not part of the "
         "baseline as the RLTL;DR paper runs it and are not implemented.",

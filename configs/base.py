@@ -19,8 +19,18 @@ from typing import Any
 
 import ml_collections
 
+from rltldr_jax.agent.collector import INSIGHT_AFTER, exact_group_size_error
+from rltldr_jax.agent.insight import CONTENTS, SOURCES
+from rltldr_jax.agent.schedule import POLICIES
+from rltldr_jax.engines.engine import top_k_error
+from rltldr_jax.engines.factory import ENGINE_KINDS
+from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES
 from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
 from rltldr_jax.models.presets import PRESETS
+from rltldr_jax.sharding import mesh_sizes_error
+from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, JUDGE_SFT_FILTERS
+from rltldr_jax.train.sft import SFT_DATA
+from rltldr_jax.train.step import OPTIMIZERS, weight_decay_error
 
 MODEL_PRESETS = tuple(PRESETS)
 
@@ -276,22 +286,24 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the key and the fix."""
 
 
+#: The allowed values of each choice key: `mode` and the model dtypes are this file's; every other list lives in the
+#: module that implements it.
 CHOICES: dict[str, tuple[Any, ...]] = {
     "mode": ("rl", "sft"),
     "model.preset": MODEL_PRESETS,
     "model.dtype": ("bfloat16", "float32"),
     "model.param_dtype": ("bfloat16", "float32"),
     "env.name": ENV_NAMES,
-    "insight.schedule": ("threshold", "first_k", "never", "always"),
-    "insight.after": ("failure", "any"),
-    "insight.source": ("policy", "teacher", "verifier", "uninformative"),
-    "insight.content": ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy"),
-    "loss.insight_rollouts": ("in_context", "off_policy", "self_distill"),
-    "loss.judge_sft_filter": ("all", "next_success"),
-    "optim.name": ("adamw", "adam", "sgd"),
-    "engine.kind": ("jax", "sglang", "grpc"),
-    "engine.weights_dtype": ("", "float32", "bfloat16"),
-    "sft.data": ("rollouts", "insights"),
+    "insight.schedule": POLICIES,
+    "insight.after": INSIGHT_AFTER,
+    "insight.source": SOURCES,
+    "insight.content": CONTENTS,
+    "loss.insight_rollouts": tuple(INSIGHT_ROLLOUTS),
+    "loss.judge_sft_filter": JUDGE_SFT_FILTERS,
+    "optim.name": OPTIMIZERS,
+    "engine.kind": ENGINE_KINDS,
+    "engine.weights_dtype": WEIGHTS_DTYPES,
+    "sft.data": SFT_DATA,
 }
 
 # key -> (low, high, low inclusive, high inclusive); None = unbounded.
@@ -420,18 +432,13 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             errors.append(str(e))
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:
         errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
-    if c.rollout.exact_group_size and c.rollout.workers_per_task > 1:
-        errors.append(
-            "rollout.exact_group_size=True with rollout.workers_per_task > 1: concurrent chains of one task make the "
-            "insight schedule depend on timing; use workers_per_task=1"
-        )
-    if c.optim.weight_decay != 0 and c.optim.name != "adamw":
-        errors.append(
-            f"optim.weight_decay={c.optim.weight_decay} with optim.name={c.optim.name!r} would be ignored: set "
-            "optim.weight_decay=0, or optim.name=adamw for decoupled weight decay"
-        )
-    if c.rollout.top_k == 0 or c.rollout.top_k < -1:
-        errors.append(f"rollout.top_k={c.rollout.top_k}: use -1 (off) or a positive k")
+    # Rules that the library parts also enforce: each lives once, in the module that needs it.
+    errors += filter(None, [
+        exact_group_size_error(c.rollout.exact_group_size, c.rollout.workers_per_task, prefix="rollout."),
+        weight_decay_error(c.optim.name, c.optim.weight_decay),
+        top_k_error(c.rollout.top_k, prefix="rollout."),
+        mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
+    ])  # fmt: skip
     if c.loss.insight_rollouts != "in_context" and c.insight.schedule == "never":
         errors.append(
             f"loss.insight_rollouts={c.loss.insight_rollouts!r} needs insight-conditioned attempts, but "
@@ -442,11 +449,6 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             "insight.content='strategy' (SGE) inserts attempt summaries, not insights: set loss.lam=0 (SGE has no "
             "insight SFT)"
         )
-    axes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
-    if sum(v == -1 for v in axes.values()) > 1:
-        errors.append(f"mesh {axes}: at most one axis may be -1 (all remaining devices)")
-    if any(v == 0 or v < -1 for v in axes.values()):
-        errors.append(f"mesh {axes}: axis sizes are positive, or -1 for the remaining devices")
     return errors
 
 

@@ -57,10 +57,12 @@ def _fmt(summary: dict) -> str:
 
 
 def _builder(checkpoint: str):
-    """The run's ContextBuilder: tokenizer and thinking mode from the flags, else the recorded config."""
+    """The run's ContextBuilder: tokenizer and thinking mode from the flags, else the recorded config; the insight
+    scaffold of the recorded insight content (`tokenization.insight_scaffold`: SGE runs insert their summaries
+    under their own)."""
     from rltldr_jax.analysis.reliance import recorded_run_config
     from rltldr_jax.checkpoint import split_step
-    from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
+    from rltldr_jax.tokenization import ContextBuilder, insight_scaffold, load_tokenizer
 
     directory = split_step(checkpoint)[0]
     recorded = recorded_run_config(directory) or recorded_run_config(os.path.join(_RUN.value, "checkpoints"))
@@ -71,8 +73,10 @@ def _builder(checkpoint: str):
     thinking = _THINKING.value
     if thinking is None:
         thinking = bool((recorded.get("rollout") or {}).get("thinking", True))
-    print(f"reliance contexts: tokenizer {tokenizer or 'built-in Qwen 3.5'}, thinking={thinking}")
-    return ContextBuilder(load_tokenizer(tokenizer), thinking=thinking)
+    content = (recorded.get("insight") or {}).get("content", "hint")
+    print(f"reliance contexts: tokenizer {tokenizer or 'built-in Qwen 3.5'}, thinking={thinking}, "
+          f"insight content {content}")
+    return ContextBuilder(load_tokenizer(tokenizer), thinking=thinking, insight_scaffold=insight_scaffold(content))
 
 
 def _reliance(records, out: str) -> list[str]:

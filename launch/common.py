@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
@@ -26,7 +27,7 @@ def define_config_flags(ablation_help: str = "A named baseline/ablation of confi
     return config, flags.DEFINE_string("ablation", None, ablation_help)
 
 
-def resolve_config(config_flag: Any, ablation_flag: Any) -> Any:
+def resolve_config(config_flag: Any, ablation_flag: Any) -> ml_collections.ConfigDict:
     """Preset → ablation → command-line overrides → validation; an invalid config exits with its message."""
     try:
         return ablations.resolve(config_flag.value, ablation_flag.value, config_flags.get_override_values(flags.FLAGS["config"]))
@@ -115,7 +116,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(f"error: {original if original is not None else e}")
 
 
-def with_pretrained(config: Any) -> Any:
+def with_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` with `model.checkpoint` set to its pretrained policy when `pretrain.steps > 0` and no checkpoint is
     given (pretrains it first, or finds it in the cache: train/pretrain.py); exits with the reason on failure."""
     from rltldr_jax.train.pretrain import ensure_pretrained

@@ -88,10 +88,9 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.agent.collector import save_phase
     from rltldr_jax.agent.insight import InsightWriter
     from rltldr_jax.analysis import insight_curves as ic
-    from rltldr_jax.engines.factory import policy_engine, teacher_engine
-    from rltldr_jax.envs import make_env
-    from rltldr_jax.tokenization import ContextBuilder, load_tokenizer
-    from rltldr_jax.train.setup import workdir_of
+    from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine, teacher_engine
+    from rltldr_jax.tokenization import context_builder, load_tokenizer
+    from rltldr_jax.train.setup import env_maker, workdir_of
 
     try:
         modes = ic.parse_modes(_MODES.value)
@@ -107,15 +106,16 @@ def main(argv: list[str]) -> None:
     out = _OUT.value or os.path.join(workdir_of(config), "insight_curves")
     os.makedirs(out, exist_ok=True)
     tokenizer = load_tokenizer(tokenizer_path)
-    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    builder = context_builder(config, tokenizer)
     print(f"policy: {what}; {len(tasks)} tasks; modes {', '.join(modes)}; max_k={_MAX_K.value}; out {out}")
 
-    engine = policy_engine(config, model, workdir=out)
+    engine_config = EngineConfig.from_config(config)
+    engine = policy_engine(engine_config, model, workdir=out)
     teacher, teacher_tokenizer = (None, None)
     try:
         writer = None
         if any(m != "iid" for m in modes):
-            teacher, teacher_tokenizer = teacher_engine(config)
+            teacher, teacher_tokenizer = teacher_engine(engine_config)
             writer = InsightWriter.from_config(config, tokenizer, engine, teacher, teacher_tokenizer)
 
         def report(r: ic.CurveResult) -> None:
@@ -124,18 +124,15 @@ def main(argv: list[str]) -> None:
             if _SAVE_ROLLOUTS.value:
                 save_phase(os.path.join(out, f"rollouts_{r.mode}.jsonl"), ic.CURVE_PHASE, r.phase)
 
-        e = config.env
         results = ic.insight_curves(
             engine, builder, config, tasks=tasks, writer=writer, modes=modes, max_k=_MAX_K.value,
-            iid_samples=_IID_SAMPLES.value, progress=sys.stderr.isatty(), on_mode=report,
-            make_env=lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb),
+            iid_samples=_IID_SAMPLES.value, progress=sys.stderr.isatty(), on_mode=report, make_env=env_maker(config),
         )  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     finally:
-        for eng in (engine, teacher):
-            if eng is not None and hasattr(eng, "close"):
-                eng.close()
+        close_engine(engine)
+        close_engine(teacher)
     for path in ic.write_curves(results, out):
         print(f"wrote {path}")
 

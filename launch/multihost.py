@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from typing import Any
 
+import ml_collections
 from absl import flags
 
 _COORDINATOR = flags.DEFINE_string(
@@ -67,7 +67,7 @@ def show_progress() -> bool:
     return sys.stderr.isatty() and sharding.is_main_process()
 
 
-def base_policy(config: Any) -> Any:
+def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`launch.common.with_pretrained` for a single process. In a multi-process job the base policy must exist
     already (cached or shipped, on every process): pretraining is a one-process job (`launch/pretrain.py`), and a
     missing one exits on every process saying so."""

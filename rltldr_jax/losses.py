@@ -147,10 +147,10 @@ def rltldr_loss(
     sft_count: Array | float | None = None,
     grpo_coef: float = 1.0,
     judge: SFTTerms | None = None,
-    judge_coef: float = 0.0,
+    judge_sft_coef: float = 0.0,
     judge_count: Array | float | None = None,
 ) -> Array:
-    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ judge_coef · judge_sum / judge_count].
+    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ judge_sft_coef · judge_sum / judge_count].
 
     The counts are those of the *whole update batch* (all micro-batches and devices). They are known from the
     masks before any forward pass, so each micro-batch can be scaled by them and the summed gradients are
@@ -161,7 +161,7 @@ def rltldr_loss(
       lam: λ, the insight internalisation strength (0.5 in the paper).
       grpo_count, sft_count: global token counts of the two terms.
       grpo_coef: weight of the GRPO term (1 in the paper; 0 for the "no GRPO, only L_SFT" row of Table 2).
-      judge, judge_coef, judge_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the
+      judge, judge_sft_coef, judge_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the
         insight tokens in the insight writer's own context), its weight and global count.
 
     Returns:
@@ -171,7 +171,7 @@ def rltldr_loss(
     s = sft.count if sft_count is None else sft_count
     loss = grpo_coef * safe_divide(grpo.loss_sum, g) + lam * safe_divide(sft.loss_sum, s)
     if judge is not None:
-        loss = loss + judge_coef * safe_divide(judge.loss_sum, judge.count if judge_count is None else judge_count)
+        loss = loss + judge_sft_coef * safe_divide(judge.loss_sum, judge.count if judge_count is None else judge_count)
     return loss
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -59,12 +60,22 @@ PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 
 
+def mesh_sizes_error(data: int, fsdp: int, tensor: int) -> str | None:
+    """What is wrong with these mesh axis sizes, None if nothing: each is positive, or -1 ("all remaining devices")
+    on at most one axis. `make_mesh` raises it; config validation reports it for `mesh.*`."""
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        return f"mesh sizes {dict(zip(AXES, sizes))}: each positive, with at most one -1 (all remaining devices)"
+    return None
+
+
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all); one size may be -1 for "the rest"."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = [data, fsdp, tensor]
-    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"mesh sizes {dict(zip(AXES, sizes))}: positive, with at most one -1")
+    problem = mesh_sizes_error(data, fsdp, tensor)
+    if problem:
+        raise ValueError(problem)
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devices) % known:
@@ -73,6 +84,25 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     if int(np.prod(sizes)) != len(devices):
         raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, have {len(devices)}")
     return Mesh(np.array(devices).reshape(sizes), AXES)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The sizes of the (data, fsdp, tensor) mesh axes (config `mesh.*`; `mesh_sizes_error` says which are valid)."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> MeshConfig:
+        """The mesh of a run's `config.mesh`."""
+        m = config.mesh
+        return cls(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+
+    def make(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+        """The mesh over `devices` (default: all), as `make_mesh`."""
+        return make_mesh(self.data, self.fsdp, self.tensor, devices)
 
 
 def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:

@@ -23,7 +23,8 @@ Two jobs, both on token ids:
    splitting at the last `</think>` and removing the newline tokens after it, as Qwen's chat template does
    on text. Masks come from provenance: `action_mask` marks the tokens sampled in the current step (the
    GRPO targets), `insight_mask` marks the insight sentences only (the SFT targets: nothing of the
-   scaffold, nothing of `<|im_end|>`).
+   scaffold, nothing of `<|im_end|>`). `context_builder(config, tokenizer)` is a run's builder: its thinking
+   mode, and the insight scaffold of its insight content (the SGE baseline's summaries have their own).
 
 Each segment is tokenized on its own, so segment boundaries are token boundaries. This is what makes the
 insight tokens decode to exactly the insight sentence (the scaffold ends in a space that whole-string BPE
@@ -42,6 +43,7 @@ import importlib.resources
 import os
 from collections.abc import Iterable, Sequence
 
+import ml_collections
 import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -213,6 +215,13 @@ class Tokenizer:
             i for tok, i in backend.get_vocab(with_added_tokens=False).items() if tok and set(tok) == {"Ċ"}
         )
 
+    @functools.cached_property
+    def think_close_ids(self) -> tuple[int, ...]:
+        """The ids that close a think block whose budget ran out: `</think>` and the blank line Qwen's chat template
+        puts after it (`</think>\\n\\n`, two ids for Qwen 3.5). Forced after a budgeted think phase, and the end of
+        the closed empty think block of non-thinking prompts."""
+        return (self.think_end_id, *self.encode("\n\n"))
+
     @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included (248,077 for Qwen 3.5; the model pads to 248,320)."""
@@ -378,6 +387,17 @@ class Context:
 #: The insight message of the paper (App. B / §3.3): `{n}` is the failed attempt's number.
 INSIGHT_SCAFFOLD = "==> A previous Attempt {n} on this same task FAILED the verifier. <==\nHint on what went wrong: "
 
+#: The message before an SGE summary (insight content "strategy"): a neutral header (summaries of successes are
+#: inserted too) and the prompt to try something else (§4.1: "prepending summaries of previous failed or successful
+#: attempts ... and prompting the model to try something else"; the exact wording is not published).
+SGE_SCAFFOLD = "==> Summary of a previous Attempt {n} on this same task. <==\nTry a different strategy than this one: "
+
+
+def insight_scaffold(content: str) -> str:
+    """The text before each inserted insight (`ContextBuilder(insight_scaffold=...)`) for an insight content variant
+    (config `insight.content`): the SGE baseline's for "strategy", else the paper's."""
+    return SGE_SCAFFOLD if content == "strategy" else INSIGHT_SCAFFOLD
+
 
 class ContextBuilder:
     """Builds the chat context of one step of an attempt, as token segments with provenance.
@@ -405,7 +425,7 @@ class ContextBuilder:
         if thinking:  # "<think>\n"
             think_open = (tok.think_id, *tok.encode("\n"))
         else:  # "<think>\n\n</think>\n\n", tokenized as HF does ("\n\n" is one token)
-            think_open = (tok.think_id, *tok.encode("\n\n"), tok.think_end_id, *tok.encode("\n\n"))
+            think_open = (tok.think_id, *tok.encode("\n\n"), *tok.think_close_ids)
         self._generation_prompt = (*self._assistant_open, *think_open)
 
     # -- pieces -------------------------------------------------------------------------------------------
@@ -505,6 +525,14 @@ class ContextBuilder:
         if current is not None:
             segments += self.current_step(current if isinstance(current, Step) else Step(tuple(current)))
         return Context(tuple(s for s in segments if s.ids))
+
+
+def context_builder(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> ContextBuilder:
+    """The policy's `ContextBuilder` for a run of `config`: thinking mode `rollout.thinking` and the insight scaffold
+    of `insight.content` (`insight_scaffold`: the SGE baseline's summaries get theirs), with `tokenizer` (the
+    policy's)."""
+    scaffold = insight_scaffold(config.insight.content)
+    return ContextBuilder(tokenizer, thinking=config.rollout.thinking, insight_scaffold=scaffold)
 
 
 _MARKS = {

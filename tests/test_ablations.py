@@ -4,7 +4,7 @@ GRPO; the RLTF-FM term only on judge-context tokens"), and the offline SFT rows 
 
 Every RL entry runs `Trainer.run_phase()` on the tiny preset (1 task, 2 attempts of 1 step, tiny budgets; the
 filters are off so that the all-failure group of a random policy still reaches every loss term), then checks:
-- the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + judge_coef·L_judge with the entry's coefficients (one
+- the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + judge_sft_coef·L_judge with the entry's coefficients (one
   optimizer step per phase), so a term whose weight is 0 contributes nothing;
 - what reached each term: insight tokens only when insights are in context (or in insights-only examples for
   off-policy), judge tokens only with a judge-SFT weight, detached (ratio-free) examples only for RLTF-SD;

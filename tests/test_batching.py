@@ -7,7 +7,7 @@ import numpy as np
 from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
 from rltldr_jax.envs import Task, Verdict
 from rltldr_jax.tokenization import Insight
-from rltldr_jax.train.batching import pack, phase_examples
+from rltldr_jax.train.batching import ExampleConfig, pack, phase_examples
 
 
 def _step(tok, think: str, action: str, *, forced_close: bool = False, obs: str | None = "ok") -> StepRecord:
@@ -36,7 +36,7 @@ def test_advantages_filters_masks_and_packing(builder):
         _attempt(tok, a, 4, False, [hint]),
         *[_attempt(tok, b, i, False, [hint] if i > 1 else []) for i in range(1, 4)],  # no success: zero advantage
     ]
-    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0)
+    examples, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0))
     assert stats.zero_advantage_groups == 1 and stats.kept_attempts == 4 and len(examples) == 8
     assert [e.advantage for e in examples[::2]] == [-0.25, 0.75, -0.25, -0.25]  # r - mean(r), one value per attempt
     second = examples[3]  # attempt 2, step 1: the first step is context without its think trace
@@ -53,9 +53,10 @@ def test_advantages_filters_masks_and_packing(builder):
     first = examples[2]  # attempt 2, step 0: its forced `</think>\n\n` is context, not a target
     assert first.action_mask.sum() == sum(not f for f in attempts[1].steps[0].forced)
 
-    kept, stats = phase_examples(attempts, builder, positive_ratio=0.75)  # 1 positive → no negative may stay
+    # 1 positive → no negative may stay
+    kept, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.75))
     assert stats.kept_attempts == 1 and {e.attempt for e in kept} == {2}
-    sft, stats = phase_examples(attempts, builder, positive_ratio=0.75, keep_sft_only=True)
+    sft, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.75, sft_on_filtered=True))
     assert stats.sft_only_attempts == 4  # the dropped insight-conditioned attempts: a/3, a/4, b/2, b/3
     assert all(e.action_mask.sum() == 0 and e.insight_mask.sum() > 0 for e in sft if e.attempt != 2 or e.task_id == "t/b")
 
@@ -72,7 +73,7 @@ def test_split_advantages_makes_separate_groups(builder):
     hint = Insight("Remember to paginate.", attempt=1)
     attempts = [_attempt(tok, a, 1, True, steps=1), _attempt(tok, a, 2, True, [hint], steps=1),
                 _attempt(tok, a, 3, False, [hint], steps=1), _attempt(tok, a, 4, False, [hint], steps=1)]  # fmt: skip
-    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0, split_advantages=True)
+    examples, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0, split_advantages=True))
     # unconditioned group {1: success} has zero advantage and is dropped; conditioned {2, 3, 4} = [1, 0, 0] − 1/3
     assert stats.zero_advantage_groups == 1 and [e.attempt for e in examples] == [2, 3, 4]
     np.testing.assert_allclose([e.advantage for e in examples], [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
@@ -89,27 +90,28 @@ def _conditioned_phase(tok):
 def test_off_policy_removes_insights_and_keeps_sft_as_prefix_examples(builder):
     tok = builder.tokenizer
     attempts, hint = _conditioned_phase(tok)
-    examples, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="off_policy")
+    examples, _ = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0, insight_rollouts="off_policy"))
     steps = [e for e in examples if e.step >= 0]
     prefixes = [e for e in examples if e.step == -1]
     assert [e.attempt for e in steps] == [1, 2, 3, 4, 4]
     assert not any(e.insight_mask.any() for e in steps) and not any(hint.text in tok.decode(e.ids) for e in steps)
     # The sampled tokens and their (with-insight) old logprobs are unchanged: the ratio is π(y|task)/π_old(y|task+f).
-    in_context, _ = phase_examples(attempts, builder, positive_ratio=0.0)
+    in_context, _ = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0))
     for off, on in zip(steps, in_context, strict=True):
         np.testing.assert_array_equal(off.old_logprobs[off.action_mask], on.old_logprobs[on.action_mask])
         assert off.advantage == on.advantage and not off.detach_ratio
     # One SFT-only example (task + insights) per step of each conditioned attempt: 1 + 2.
     assert [e.attempt for e in prefixes] == [3, 4, 4]
     assert all(tok.decode(e.ids[e.insight_mask]) == hint.text and not e.action_mask.any() for e in prefixes)
-    no_sft, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="off_policy", sft_prefix=False)
+    no_sft_config = ExampleConfig(positive_ratio=0.0, insight_rollouts="off_policy", lam=0.0)  # λ = 0: no SFT term
+    no_sft, _ = phase_examples(attempts, builder, no_sft_config)
     assert all(e.step >= 0 for e in no_sft)
 
 
 def test_self_distill_uses_the_no_insight_baseline_without_ratio(builder):
     tok = builder.tokenizer
     attempts, hint = _conditioned_phase(tok)
-    examples, _ = phase_examples(attempts, builder, positive_ratio=0.0, insight_rollouts="self_distill")
+    examples, _ = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0, insight_rollouts="self_distill"))
     # RLTF-SD: baseline = mean reward of the attempts without insights (1 and 2: 0.5), for every attempt.
     assert [(e.attempt, e.advantage, e.detach_ratio) for e in examples] == [
         (1, -0.5, False), (2, 0.5, False), (3, 0.5, True), (4, -0.5, True), (4, -0.5, True)]  # fmt: skip
@@ -126,7 +128,8 @@ def test_judge_sft_examples_target_the_insight_in_the_judge_context(builder):
     judge_prompt = tuple(builder.build("Judge this failed attempt.").ids.tolist())  # ends with an open <think>
     judgements = [("t/a", 1, Judgement(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=judge_prompt)),
                   ("t/a", 4, Judgement("Check the totals.", {}, None, 0, 0, prompt_ids=judge_prompt))]  # fmt: skip
-    examples, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="all")
+    judge_sft = ExampleConfig(positive_ratio=0.0, judge_sft_coef=0.5)
+    examples, stats = phase_examples(attempts, builder, judge_sft, judgements=judgements)
     judge = [e for e in examples if e.judge_mask is not None]
     assert stats.judge_examples == 2 == len(judge)
     first = judge[0]
@@ -134,10 +137,11 @@ def test_judge_sft_examples_target_the_insight_in_the_judge_context(builder):
     assert tok.decode(first.ids).endswith("Judge this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
                                           "Remember to paginate.<|im_end|>")
     assert not first.action_mask.any() and not first.insight_mask.any()
+    next_success = ExampleConfig(positive_ratio=0.0, judge_sft_coef=0.5, judge_sft_filter="next_success")
     # Self-play insight SFT keeps an insight only if the next attempt succeeded with it in context: attempt 2
     # succeeded without the hint written after attempt 1, and attempt 4 has no successor, so nothing is kept.
-    _, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="next_success")
+    _, stats = phase_examples(attempts, builder, next_success, judgements=judgements)
     assert stats.judge_examples == 0
     judgements.append(("t/a", 2, Judgement(hint.text, {}, None, 0, 0, prompt_ids=judge_prompt)))  # 3 succeeded with it
-    _, stats = phase_examples(attempts, builder, positive_ratio=0.0, judgements=judgements, judge_sft="next_success")
+    _, stats = phase_examples(attempts, builder, next_success, judgements=judgements)
     assert stats.judge_examples == 1

@@ -124,7 +124,7 @@ def test_validation_errors_name_the_key_and_fix():
         ({"rollout.top_k": 0}, "rollout.top_k=0"),
         ({"loss.insight_rollouts": "off_policy", "insight.schedule": "never"}, "inserts none"),
         ({"insight.content": "strategy"}, "SGE has no insight SFT"),
-        ({"mesh.data": -1, "mesh.fsdp": -1}, "at most one axis may be -1"),
+        ({"mesh.data": -1, "mesh.fsdp": -1}, "with at most one -1"),
         ({"rollout.group_size": 1}, r"rollout.group_size=1: nothing can be learned .* use rollout.group_size >= 2"),
         ({"rollout.group_size": 1, "loss.grpo_coef": 0.0}, "rollout.group_size=1: nothing can be learned"),  # insights need a 2nd attempt
     ],

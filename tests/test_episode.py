@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rltldr_jax.agent.episode import EpisodeConfig, extract_code, run_attempt, shorten, step_seed, task_text
+from rltldr_jax.agent.episode import EpisodeConfig, extract_code, run_attempt, step_seed, task_text
+from rltldr_jax.agent.generation import shorten
 from rltldr_jax.engines import GenerationRequest, GenerationResult
 from rltldr_jax.envs import make_env
 from rltldr_jax.envs.sapi.tasks import generate_tasks, golden_solution

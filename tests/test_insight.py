@@ -11,6 +11,7 @@ import time
 import pytest
 
 from configs.base import apply_tiny, get_config
+from rltldr_jax.agent.generation import shorten
 from rltldr_jax.agent.insight import (
     ROLLOUT_END,
     ROLLOUT_START,
@@ -19,7 +20,6 @@ from rltldr_jax.agent.insight import (
     insight_from_fields,
     parse_judge_output,
     render_judge_prompt,
-    shorten,
     verifier_insight,
 )
 from rltldr_jax.engines.engine import GenerationResult
@@ -46,7 +46,7 @@ def _failed(**kw) -> FailedAttempt:
 
 
 def test_prompt_has_task_steps_shortened_observations_and_the_report():
-    prompt = render_judge_prompt(_failed(), with_report=True, max_observation_chars=300)
+    prompt = render_judge_prompt(_failed(), show_failed_tests=True, max_observation_chars=300)
     assert prompt.startswith("You are a verifier that is given a step-by-step solution of an agent")
     assert f"for the following task: {TASK.goal}\n" in prompt
     start, end = prompt.index(ROLLOUT_START), prompt.index(ROLLOUT_END)
@@ -60,7 +60,7 @@ def test_prompt_has_task_steps_shortened_observations_and_the_report():
         assert f'"{key}": ' in prompt
     assert prompt.rstrip().endswith("}")
 
-    without = render_judge_prompt(_failed(), with_report=False, max_observation_chars=300)
+    without = render_judge_prompt(_failed(), show_failed_tests=False, max_observation_chars=300)
     assert "AssertionError" not in without and "workout length" not in without
     assert "Rollout FAILED the verifier tests" in without
     coding = render_judge_prompt(_failed(task=dataclasses.replace(TASK, env="leetcode")))
@@ -68,8 +68,8 @@ def test_prompt_has_task_steps_shortened_observations_and_the_report():
 
 
 def test_shorten_and_the_rollout_cap():
-    assert shorten("abc", 3) == "abc"
-    assert shorten("abcdefghij", 4) == "ab\n[... 6 characters elided ...]\nij"
+    assert shorten("abc", 3, marker_in_limit=False) == "abc"
+    assert shorten("abcdefghij", 4, marker_in_limit=False) == "ab\n[... 6 characters elided ...]\nij"
     steps = tuple((f"code_{i}()", f"out_{i}") for i in range(1, 41))
     prompt = render_judge_prompt(_failed(steps=steps), max_rollout_chars=300)
     rollout = prompt[prompt.index(ROLLOUT_START) : prompt.index(ROLLOUT_END)]
@@ -353,7 +353,7 @@ def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
 
     # Non-thinking judge, served as a "teacher": one phase only, the closed empty think block in the prompt.
     teacher = InsightWriter(tokenizer, None, source="teacher", teacher_engine=jax_engine, thinking=False,
-                            with_report=False, max_action_tokens=16, max_observation_chars=200)
+                            show_failed_tests=False, max_action_tokens=16, max_observation_chars=200)
     j = asyncio.run(teacher.write(failed, seed=1))
     assert j.think_tokens == 0 and 1 <= j.action_tokens <= 16 and not any(j.forced) and j.insight is None
     assert tokenizer.decode(j.prompt_ids).endswith("<think>\n\n</think>\n\n") and "AssertionError" not in tokenizer.decode(j.prompt_ids)
@@ -362,7 +362,7 @@ def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
 def test_from_config_and_argument_checks(tokenizer):
     config = get_config()
     writer = InsightWriter.from_config(config, tokenizer, engine=object())
-    assert (writer.source, writer.content, writer.thinking, writer.with_report) == ("policy", "hint", True, True)
+    assert (writer.source, writer.content, writer.thinking, writer.show_failed_tests) == ("policy", "hint", True, True)
     assert (writer.max_think_tokens, writer.max_action_tokens, writer.max_observation_chars) == (4096, 4096, 4000)
     with pytest.raises(ValueError, match="teacher engine"):
         InsightWriter(tokenizer, object(), source="teacher")

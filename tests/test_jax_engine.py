@@ -322,13 +322,14 @@ def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
     """engine.prefill_chunk, engine.prefix_cache_mb and engine.weights_dtype (configs/base.py) reach the policy's
     JaxEngine."""
     from configs import base
-    from rltldr_jax.engines.factory import jax_engine_options, policy_engine
+    from rltldr_jax.engines.factory import EngineConfig, policy_engine
 
     config = base.get_config()
-    assert jax_engine_options(config)["prefix_cache_bytes"] == 1024 * 2**20 and config.engine.weights_dtype == ""
+    assert EngineConfig.from_config(config).jax_engine_options()["prefix_cache_bytes"] == 1024 * 2**20
+    assert config.engine.weights_dtype == ""
     base.override(config, {"engine.kind": "jax", "engine.prefix_cache_mb": 3, "engine.weights_dtype": "bfloat16",
                            "engine.prefill_chunk": 32, "rollout.max_context_tokens": 64})  # fmt: skip
-    with policy_engine(config, model, workdir=str(tmp_path)) as engine:
+    with policy_engine(EngineConfig.from_config(config), model, workdir=str(tmp_path)) as engine:
         assert engine.weights_dtype == jnp.bfloat16 and engine.prefix_stats()["budget_bytes"] == 3 * 2**20
         assert engine.prefill_chunk == 32
     base.override(config, {"engine.weights_dtype": "float16"})

@@ -47,8 +47,6 @@ def _flat(tree: Any) -> dict[str, np.ndarray]:
 
 
 def _worker(role: str, out: str, port: str | None) -> None:
-    from types import SimpleNamespace
-
     import jax
 
     from rltldr_jax import sharding
@@ -72,8 +70,7 @@ def _worker(role: str, out: str, port: str | None) -> None:
     # SGD with momentum: the update is the clipped gradient (Adam's 1/sqrt(v) would amplify float noise of tiny
     # gradients), and the optimizer state is parameter-shaped (the checkpoint holds a sharded one).
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
-    config = SimpleNamespace(mesh=SimpleNamespace(**MESH), batch=SimpleNamespace(micro_batch_size=M))
-    update = ShardedUpdate(config, model, tx, LossConfig(lam=0.5))
+    update = ShardedUpdate(sharding.MeshConfig(**MESH), model, tx, LossConfig(lam=0.5), micro_batch_size=M)
     before = _flat(nnx.state(update.model()))
     rng = np.random.default_rng(0)
     action = rng.random((A, M, T)) < 0.4

@@ -12,6 +12,7 @@ import pytest
 from configs import base, sapi
 from rltldr_jax.checkpoint import Checkpointer, CheckpointMismatchError
 from rltldr_jax.models import ModelSpec, get_preset
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.setup import ShardedUpdate
 from rltldr_jax.train.step import LossConfig, learning_rate_schedule, make_optimizer, optimizer_from_config
 
@@ -177,7 +178,8 @@ def test_sharded_update_holds_the_schedule_counter():
     c = base.validate(base.override(sapi.get_config("tiny"), {"optim.warmup_steps": 5, "batch.micro_batch_size": 1}))
     spec = ModelSpec(dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=1, layer_types=()))
     model = spec.build(seed=0)
-    update = ShardedUpdate(c, model, optimizer_from_config(c.optim), LossConfig())
+    update = ShardedUpdate(MeshConfig.from_config(c), model, optimizer_from_config(c.optim), LossConfig(),
+                           micro_batch_size=c.batch.micro_batch_size)  # fmt: skip
     _, abstract_opt = update.abstract()
     scalars = [x for x in jax.tree.leaves(update.opt_state) if x.ndim == 0]
     assert [int(x) for x in scalars] == [0, 0]  # Adam's count and the schedule's count

@@ -30,7 +30,7 @@ from rltldr_jax.engines import GenerationRequest, GenerationResult
 from rltldr_jax.envs import StepResult, Task, Verdict
 from rltldr_jax.models import sequence_logprobs
 from rltldr_jax.tokenization import render_context
-from rltldr_jax.train.batching import pack, phase_examples
+from rltldr_jax.train.batching import ExampleConfig, pack, phase_examples
 from rltldr_jax.train.step import LossConfig, train_step
 
 TASK = Task("playlist", "Start a playlist that's long enough for my workout. My workout plan is in my notes.", "sapi", "train")
@@ -108,7 +108,8 @@ def test_failed_attempts_get_the_papers_insights_inserted_and_sft_masked(tiny_po
 
     # The update: every attempt failed, so the group has zero advantage; with the filter off the third attempt's
     # step is one example whose SFT mask is exactly the two insight sentences (the flipped backprop mask).
-    examples, _ = phase_examples(result.attempts, builder, filter_zero_advantage=False, positive_ratio=0.0)
+    no_filters = ExampleConfig(filter_zero_advantage=False, positive_ratio=0.0)
+    examples, _ = phase_examples(result.attempts, builder, no_filters)
     (third,) = [e for e in examples if e.attempt == 3]
     edges = np.flatnonzero(np.diff(np.concatenate([[0], third.insight_mask.astype(np.int8), [0]])))
     runs = list(zip(edges[::2], edges[1::2]))

@@ -6,12 +6,16 @@ import unicodedata
 import numpy as np
 import pytest
 
+from configs.base import get_config
 from rltldr_jax.tokenization import (
+    INSIGHT_SCAFFOLD,
     QWEN3_5_SPECIAL_TOKENS,
+    SGE_SCAFFOLD,
     ContextBuilder,
     Insight,
     Provenance,
     Step,
+    context_builder,
     load_tokenizer,
     render_context,
 )
@@ -249,3 +253,16 @@ def test_bad_input_is_a_clear_error(tokenizer):
         Step((1, 2), forced=(True,))
     with pytest.raises(ValueError, match="{n}"):
         ContextBuilder(tokenizer, insight_scaffold="no number")
+
+
+def test_context_builder_of_a_config(tokenizer):
+    """A run's builder: thinking mode from `rollout.thinking`, insight scaffold from `insight.content` (SGE's
+    summaries get theirs); the closed empty think block ends with `think_close_ids`."""
+    config = get_config()
+    builder = context_builder(config, tokenizer)
+    assert builder.thinking and builder.insight_scaffold == INSIGHT_SCAFFOLD
+    config.rollout.thinking, config.insight.content = False, "strategy"
+    builder = context_builder(config, tokenizer)
+    assert not builder.thinking and builder.insight_scaffold == SGE_SCAFFOLD
+    close = tokenizer.think_close_ids
+    assert tokenizer.decode(close) == "</think>\n\n" and tuple(builder.build("T").ids[-len(close) :]) == close

@@ -14,8 +14,9 @@ import pytest
 from configs import base, sapi
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.train.batching import Example, pack
-from rltldr_jax.train.loop import update_phase
+from rltldr_jax.train.loop import UpdateConfig, update_phase
 from rltldr_jax.train.report import phase_line
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.setup import ShardedUpdate
 from rltldr_jax.train.step import LossConfig, NonFiniteError, NonFiniteGuard, make_optimizer
 
@@ -39,7 +40,8 @@ def _config(max_skips: int = 5, ppo_epochs: int = 1):
 
 
 def _update(model, config) -> ShardedUpdate:
-    return ShardedUpdate(config, model, make_optimizer(1e-3), LossConfig(lam=0.5))
+    return ShardedUpdate(MeshConfig.from_config(config), model, make_optimizer(1e-3), LossConfig(lam=0.5),
+                         micro_batch_size=config.batch.micro_batch_size)  # fmt: skip
 
 
 def _example(advantage: float = 1.0, old_logprob_at_8: float = -2.0) -> Example:
@@ -77,8 +79,8 @@ def test_the_update_counts_skips_and_shows_them(model):
     """One good and one infinite-advantage example, one step each: one applied, one skipped, and the phase line
     shows the non-finite mean loss instead of hiding it."""
     update = _update(model, _config(max_skips=0))
-    metrics = update_phase(update, [_example(), _example(advantage=np.inf)], _config(max_skips=0), phase=0,
-                           guard=NonFiniteGuard(0))  # fmt: skip
+    settings = UpdateConfig.from_config(_config(max_skips=0))
+    metrics = update_phase(update, [_example(), _example(advantage=np.inf)], settings, phase=0, guard=NonFiniteGuard(0))
     assert metrics["optimizer_steps"] == 2.0 and metrics["skipped_nonfinite"] == 1.0
     assert not np.isfinite(metrics["loss"])
     line = phase_line(1, 20, {f"update/{k}": v for k, v in metrics.items()})
@@ -94,7 +96,7 @@ def test_consecutive_skips_stop_the_update(model):
     params = _host(update.params)
     guard = NonFiniteGuard(config.train.max_nonfinite_skips)
     with pytest.raises(NonFiniteError, match=r"2 optimizer steps in a row had a non-finite loss.*phase 4, optimizer step 2"):
-        update_phase(update, [_example(advantage=np.inf)], config, phase=3, guard=guard)
+        update_phase(update, [_example(advantage=np.inf)], UpdateConfig.from_config(config), phase=3, guard=guard)
     assert guard.total == 2
     for before, after in zip(params, _host(update.params), strict=True):
         np.testing.assert_array_equal(before, after)

@@ -38,6 +38,20 @@ from rltldr_jax.tokenization import ContextBuilder, Insight
 
 log = logging.getLogger(__name__)
 
+#: Values of `insight.after`: which attempts get an insight written (RLTL;DR: failures; SGE: every attempt).
+INSIGHT_AFTER = ("failure", "any")
+
+
+def exact_group_size_error(exact_group_size: bool, workers_per_task: int, *, prefix: str = "") -> str | None:
+    """What is wrong with this combination, None if nothing: exactly K attempts per task need one chain per task
+    (concurrent chains of a task race for the K slots, and make the insight schedule depend on timing). `prefix`
+    names the keys' section in the message ("rollout." for config validation)."""
+    if exact_group_size and workers_per_task > 1:
+        return (f"{prefix}exact_group_size needs {prefix}workers_per_task=1 (concurrent chains of a task race for the K "
+                "slots, and make the insight schedule depend on timing)")  # fmt: skip
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class PhaseResult:
     """What a phase produced: attempts (in finishing order) and the insight writer's judgements."""
@@ -74,7 +88,7 @@ class Collector:
         a parse failure of that attempt (logged, counted), never the end of the phase.
       group_size: K, the minimum number of finished attempts per task.
       workers_per_task: concurrent attempt chains per task.
-      insight_after: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
+      insight_after: one of `INSIGHT_AFTER`: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
       exact_group_size: every task gets exactly `group_size` attempts (deterministic phases; see above).
       progress: show a progress bar (tqdm) of finished attempts.
     """
@@ -94,13 +108,14 @@ class Collector:
         exact_group_size: bool = False,
         progress: bool = False,
     ):
-        if insight_after not in ("failure", "any"):
-            raise ValueError(f'insight_after must be "failure" or "any", got {insight_after!r}')
+        if insight_after not in INSIGHT_AFTER:
+            raise ValueError(f"insight_after={insight_after!r}; choose one of {', '.join(INSIGHT_AFTER)}")
         self.engine, self.make_env, self.builder = engine, make_env, builder
         self.episode, self.schedule, self.writer = episode, schedule, writer
         self.group_size, self.workers_per_task = group_size, workers_per_task
-        if exact_group_size and workers_per_task > 1:
-            raise ValueError("exact_group_size needs workers_per_task=1 (concurrent chains of a task race for the K slots)")
+        problem = exact_group_size_error(exact_group_size, workers_per_task)
+        if problem:
+            raise ValueError(problem)
         self.insight_after, self.exact_group_size, self.progress = insight_after, exact_group_size, progress
 
     def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:

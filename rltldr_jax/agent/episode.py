@@ -2,10 +2,11 @@
 
 Each step's context is rebuilt from token segments (`ContextBuilder.build`: task, the insights inserted for this
 attempt, earlier steps without their think traces, then the generation prompt), so the training example of a
-step is exactly what the engine saw. A step is generated in two phases: the think trace with the think budget
-(stopping at `</think>`; if the budget runs out, `</think>\\n\\n` is forced, marked `forced`, and never a
-target), then the action with the action budget (stopping at `<|im_end|>`). The action's last fenced Python
-block is run by the environment; the observation (shortened, middle elided) becomes the next user turn.
+step is exactly what the engine saw. A step is generated in two phases (`generation.generate_two_phase`): the
+think trace with the think budget (stopping at `</think>`; if the budget runs out, `</think>\\n\\n` is forced,
+marked `forced`, and never a target), then the action with the action budget (stopping at `<|im_end|>`). The
+action's last fenced Python block is run by the environment; the observation (shortened, middle elided) becomes
+the next user turn.
 
 An attempt ends when the environment says done (the agent called the completion API), at `max_steps`, when an
 action has no code block (malformed, counted), or when the next context would exceed `max_context_tokens`.
@@ -21,10 +22,13 @@ import hashlib
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
+import ml_collections
+
+from rltldr_jax.agent.generation import generate_two_phase, shorten
 from rltldr_jax.agent.insight import FailedAttempt
-from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, SamplingParams
+from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, StepResult, Task, Verdict
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 
@@ -65,16 +69,6 @@ def extract_code(action: str) -> str | None:
     return blocks[-1]
 
 
-def shorten(text: str, max_chars: int) -> str:
-    """`text` if short enough, else its head and tail with a marker saying how many characters were elided."""
-    if len(text) <= max_chars:
-        return text
-    marker = "\n[... {n} characters elided ...]\n"
-    keep = max(0, max_chars - len(marker.format(n=len(text))))
-    head, tail = keep - keep // 2, keep // 2
-    return text[:head] + marker.format(n=len(text) - head - tail) + (text[len(text) - tail :] if tail else "")
-
-
 def step_seed(seed: int, task_id: str, attempt: int, step: int, part: int) -> int:
     """A stable 32-bit sampling seed for one generation call."""
     digest = hashlib.blake2b(f"{seed}|{task_id}|{attempt}|{step}|{part}".encode(), digest_size=4).digest()
@@ -97,7 +91,8 @@ class EpisodeConfig:
     seed: int = 0
 
     @classmethod
-    def from_config(cls, config: Any) -> EpisodeConfig:
+    def from_config(cls, config: ml_collections.ConfigDict) -> EpisodeConfig:
+        """The budgets and sampling of `config.rollout`, `config.env.max_observation_chars` and `config.seed`."""
         r = config.rollout
         return cls(
             max_steps=r.max_steps, thinking=r.thinking, max_think_tokens=r.max_think_tokens,
@@ -172,41 +167,6 @@ class Attempt:
         return FailedAttempt(task=self.task, steps=steps, report=self.verdict.report, attempt=self.index)
 
 
-async def _sample(engine: GenerationEngine, prompt: Sequence[int], cfg: EpisodeConfig, max_new: int, stop: tuple[int, ...], seed: int):
-    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, max_new, stop, seed)
-    return await engine.generate(GenerationRequest(tuple(prompt), params))
-
-
-async def generate_step(
-    engine: GenerationEngine, builder: ContextBuilder, prompt: Sequence[int], cfg: EpisodeConfig, seeds: tuple[int, int]
-) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...], int]:
-    """One step's tokens: think (budgeted, `</think>` forced when it runs out), then the action.
-
-    Returns (action_ids, forced, logprobs, weight_version), all [L] but the version.
-    """
-    tok = builder.tokenizer
-    ids: list[int] = []
-    forced: list[bool] = []
-    logprobs: list[float] = []
-    if cfg.thinking:
-        think = await _sample(engine, prompt, cfg, cfg.max_think_tokens, (tok.think_end_id, tok.im_end_id), seeds[0])
-        ids += think.token_ids
-        forced += [False] * len(think.token_ids)
-        logprobs += think.logprobs
-        if think.token_ids and think.token_ids[-1] == tok.im_end_id:  # the turn closed inside the think block
-            return tuple(ids), tuple(forced), tuple(logprobs), think.weight_version
-        if not think.token_ids or think.token_ids[-1] != tok.think_end_id:  # budget exhausted: close it
-            close = (tok.think_end_id, *tok.encode("\n\n"))
-            ids += close
-            forced += [True] * len(close)
-            logprobs += [0.0] * len(close)
-    action = await _sample(engine, (*prompt, *ids), cfg, cfg.max_action_tokens, (tok.im_end_id,), seeds[1])
-    ids += action.token_ids
-    forced += [False] * len(action.token_ids)
-    logprobs += action.logprobs
-    return tuple(ids), tuple(forced), tuple(logprobs), action.weight_version
-
-
 async def _env_step(env: Env, code: str, where: str) -> StepResult:
     """`env.step(code)`; an exception there (an environment bug, or one a hostile action provoked) becomes the step's
     observation and the attempt goes on: one episode never ends the phase."""
@@ -234,11 +194,18 @@ async def run_attempt(
     end: EndReason = "max_steps"
     for k in range(cfg.max_steps):
         prompt = builder.build(goal, insights, [s.as_step() for s in steps]).ids.tolist()
-        if len(prompt) + cfg.max_think_tokens * cfg.thinking + 2 + cfg.max_action_tokens > cfg.max_context_tokens:
+        # The most this step can add: think budget, a forced think close (reserved in both modes), action budget.
+        budget = cfg.max_think_tokens * cfg.thinking + len(tok.think_close_ids) + cfg.max_action_tokens
+        if len(prompt) + budget > cfg.max_context_tokens:
             end = "context_full"
             break
         seeds = (step_seed(cfg.seed, task.task_id, index, k, 0), step_seed(cfg.seed, task.task_id, index, k, 1))
-        ids, forced, logprobs, version = await generate_step(engine, builder, prompt, cfg, seeds)
+        reply = await generate_two_phase(
+            engine, tok, prompt, thinking=cfg.thinking, max_think_tokens=cfg.max_think_tokens,
+            max_action_tokens=cfg.max_action_tokens, stop_ids=(tok.im_end_id,), temperature=cfg.temperature,
+            top_p=cfg.top_p, top_k=cfg.top_k, seeds=seeds,
+        )  # fmt: skip
+        ids, forced, logprobs, version = reply.ids, reply.forced, reply.logprobs, reply.weight_version
         visible = builder.strip_think(ids) if tok.think_end_id in ids else (() if cfg.thinking else ids)
         code = extract_code(tok.decode(visible))
         if code is None:

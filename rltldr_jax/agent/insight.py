@@ -10,18 +10,19 @@ fields are generated to make the hint more accurate, and Table 3 tries them as t
 Variants (configs/base.py `insight.*`, Table 3):
 
 - content: `hint` (default) | `feedback` (diagnostic paragraph) | `summary_feedback` | `summary_feedback_code`
-  (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only).
+  (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only, inserted under its own
+  scaffold, `tokenization.SGE_SCAFFOLD`).
 - source: `policy` (the current policy engine) | `teacher` (another GenerationEngine, e.g. GLM 5.2 served
   separately) | `verifier` (no model: the judge's fields by rule — hint: the first failed requirement as a
   "Make sure that …" sentence; feedback: every failed requirement; summary: the steps taken, the APIs called and
   the outcome; no corrected step — so untrained tiny models exercise insertion, the SFT mask and every content
   variant).
-- thinking on/off, and `with_report=False` (the judge does not see the failed tests).
+- thinking on/off, and `show_failed_tests=False` (the judge does not see the failed tests).
 
-Generation is two-phase like the episodes: the think part up to `</think>` within the think budget; if the
-budget runs out, `</think>\\n\\n` is forced (marked in `Judgement.forced`) and the answer gets its own budget;
-generation stops on `<|im_end|>`. A reply whose JSON cannot be read is a `Judgement` with `parse_error` set and
-no insight: the caller counts it and inserts nothing.
+Generation is two-phase like the episodes (`generation.generate_two_phase`): the think part up to `</think>` within
+the think budget; if the budget runs out, `</think>\\n\\n` is forced (marked in `Judgement.forced`) and the answer
+gets its own budget; generation stops on `<|im_end|>`. A reply whose JSON cannot be read is a `Judgement` with
+`parse_error` set and no insight: the caller counts it and inserts nothing.
 """
 
 from __future__ import annotations
@@ -33,26 +34,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rltldr_jax.engines.engine import (
-    GenerationEngine,
-    GenerationRequest,
-    SamplingParams,
-)
+import ml_collections
+
+from rltldr_jax.agent.generation import generate_two_phase, shorten
+from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Task
 from rltldr_jax.envs.registry import uninformative_insight
-from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Tokenizer
+from rltldr_jax.tokenization import ContextBuilder, Tokenizer
 
 SOURCES = ("policy", "teacher", "verifier", "uninformative")
-
-#: The message before an SGE summary (content="strategy"): a neutral header (summaries of successes are inserted
-#: too) and the prompt to try something else (§4.1: "prepending summaries of previous failed or successful
-#: attempts ... and prompting the model to try something else"; the exact wording is not published).
-SGE_SCAFFOLD = "==> Summary of a previous Attempt {n} on this same task. <==\nTry a different strategy than this one: "
-
-
-def insight_scaffold(content: str) -> str:
-    """The text before each inserted insight (`ContextBuilder(insight_scaffold=...)`) for a content variant."""
-    return SGE_SCAFFOLD if content == "strategy" else INSIGHT_SCAFFOLD
 CONTENTS = ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy")
 JUDGE_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
 
@@ -170,17 +160,6 @@ _FAILED_NO_REPORT = "Rollout FAILED the verifier tests (which tests failed is no
 _PASSED_NO_REPORT = "Rollout PASSED all verifier tests.\n"
 
 
-def shorten(text: str, limit: int) -> str:
-    """`text` if it has at most `limit` characters, else its head and tail around a marker saying how many
-    characters were cut (the middle is elided; the marker itself is not counted in `limit`)."""
-    if len(text) <= limit:
-        return text
-    head = (limit + 1) // 2
-    tail = limit - head
-    cut = len(text) - limit
-    return f"{text[:head]}\n[... {cut} characters elided ...]\n{text[len(text) - tail:] if tail else ''}"
-
-
 @dataclasses.dataclass(frozen=True)
 class FailedAttempt:
     """What the insight writer sees of one attempt.
@@ -212,8 +191,8 @@ def _render_rollout(steps: Sequence[tuple[str, str]], max_observation_chars: int
         return "(the agent took no steps)"
     blocks = []
     for i, (action, observation) in enumerate(steps, start=1):
-        action = shorten(action.strip("\n"), max_observation_chars)
-        observation = shorten(observation.strip("\n"), max_observation_chars) or "(no output)"
+        action = shorten(action.strip("\n"), max_observation_chars, marker_in_limit=False)
+        observation = shorten(observation.strip("\n"), max_observation_chars, marker_in_limit=False) or "(no output)"
         blocks.append(f"Step {i}:\n{action}\nObservation {i}:\n{observation}")
     text = "\n".join(blocks)
     if len(text) <= max_rollout_chars:
@@ -230,21 +209,27 @@ def _render_rollout(steps: Sequence[tuple[str, str]], max_observation_chars: int
         cut = sum(len(blocks[j]) + 1 for j in range(first_dropped, last_dropped + 1))
         marker = f"[... steps {first_dropped + 1} to {last_dropped + 1} omitted ({cut} characters) ...]"
         text = "\n".join([blocks[0], marker, *(blocks[j] for j in keep_tail)])
-    return shorten(text, max_rollout_chars)
+    return shorten(text, max_rollout_chars, marker_in_limit=False)
 
 
 def render_judge_prompt(
-    failed: FailedAttempt, *, with_report: bool = True, max_observation_chars: int = 4000, max_rollout_chars: int = 20000
+    failed: FailedAttempt,
+    *,
+    show_failed_tests: bool = True,
+    max_observation_chars: int = 4000,
+    max_rollout_chars: int = 20000,
 ) -> str:
     """The text of the judge's single user message (Prompt 1), for `failed`.
 
-    The report is included exactly when `with_report`; the LeetCode variant is used for `task.env == "leetcode"`.
+    The verifier's report is included exactly when `show_failed_tests`; the LeetCode variant is used for
+    `task.env == "leetcode"`.
     """
     coding = failed.task.env == "leetcode"
     intro, parts = (_CODING_INTRO, _CODING_PARTS) if coding else (_DEVICE_INTRO, _DEVICE_PARTS)
     rollout = _render_rollout(failed.steps, max_observation_chars, max_rollout_chars)
-    if with_report:
-        verdict = (_PASSED if failed.success else _FAILED) + shorten(failed.report.strip("\n"), max_rollout_chars) + "\n"
+    if show_failed_tests:
+        report = shorten(failed.report.strip("\n"), max_rollout_chars, marker_in_limit=False)
+        verdict = (_PASSED if failed.success else _FAILED) + report + "\n"
     else:
         verdict = _PASSED_NO_REPORT if failed.success else _FAILED_NO_REPORT
     return (
@@ -616,7 +601,7 @@ class InsightWriter:
       source: policy | teacher | verifier (see the module docstring).
       content: hint | feedback | summary_feedback | summary_feedback_code | strategy.
       thinking: the judge thinks first (think budget), or answers directly (Qwen's closed empty think block).
-      with_report: the judge prompt includes the verifier's report (config `insight.show_failed_tests`).
+      show_failed_tests: the judge prompt includes the verifier's report (config `insight.show_failed_tests`).
       max_think_tokens, max_action_tokens: the two budgets (4096 each in the paper).
       max_observation_chars: each action and observation longer than this is shortened (middle elided).
       max_rollout_chars: the whole rollout (and the report) are shortened to about this many characters.
@@ -634,7 +619,7 @@ class InsightWriter:
         source: str = "policy",
         content: str = "hint",
         thinking: bool = True,
-        with_report: bool = True,
+        show_failed_tests: bool = True,
         max_think_tokens: int = 4096,
         max_action_tokens: int = 4096,
         max_observation_chars: int = 4000,
@@ -654,19 +639,17 @@ class InsightWriter:
         if max_action_tokens < 1 or max_think_tokens < 0:
             raise ValueError(f"budgets must be max_think_tokens >= 0 and max_action_tokens >= 1, got "
                              f"{max_think_tokens}, {max_action_tokens}")
-        self.source, self.content, self.thinking, self.with_report = source, content, thinking, with_report
+        self.source, self.content, self.thinking = source, content, thinking
+        self.show_failed_tests = show_failed_tests
         self.max_think_tokens, self.max_action_tokens = max_think_tokens, max_action_tokens
         self.max_observation_chars, self.max_rollout_chars = max_observation_chars, max_rollout_chars
         self.temperature = temperature
         self.engine = teacher_engine if source == "teacher" else engine
         self.tokenizer = (teacher_tokenizer or tokenizer) if source == "teacher" else tokenizer
         self.builder = ContextBuilder(self.tokenizer, thinking=thinking)
-        tok = self.tokenizer
-        # Forced when the think budget runs out: `</think>` and the blank line Qwen's template puts after it.
-        self._force_close = (tok.think_end_id, *tok.encode("\n\n"))
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Tokenizer, engine: GenerationEngine | None,
+    def from_config(cls, config: ml_collections.ConfigDict, tokenizer: Tokenizer, engine: GenerationEngine | None,
                     teacher_engine: GenerationEngine | None = None, teacher_tokenizer: Tokenizer | None = None) -> InsightWriter:
         """The writer of `config.insight.*` (budgets, variants), `config.env.max_observation_chars` and
         `config.rollout.temperature`."""
@@ -677,7 +660,7 @@ class InsightWriter:
             source=ins.source,
             content=ins.content,
             thinking=ins.thinking,
-            with_report=ins.show_failed_tests,
+            show_failed_tests=ins.show_failed_tests,
             max_think_tokens=ins.max_think_tokens,
             max_action_tokens=ins.max_action_tokens,
             max_observation_chars=config.env.max_observation_chars,
@@ -690,7 +673,7 @@ class InsightWriter:
     def prompt(self, failed: FailedAttempt) -> str:
         """The judge's user message for `failed`."""
         return render_judge_prompt(
-            failed, with_report=self.with_report, max_observation_chars=self.max_observation_chars,
+            failed, show_failed_tests=self.show_failed_tests, max_observation_chars=self.max_observation_chars,
             max_rollout_chars=self.max_rollout_chars,
         )
 
@@ -698,10 +681,6 @@ class InsightWriter:
         """`<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n` (or the closed empty think
         block when not thinking): a new conversation with one user message."""
         return tuple(int(i) for i in self.builder.build(self.prompt(failed)).ids)
-
-    async def _generate(self, prompt: tuple[int, ...], max_new: int, stop: tuple[int, ...], seed: int | None):
-        params = SamplingParams(temperature=self.temperature, max_new_tokens=max_new, stop_token_ids=stop, seed=seed)
-        return await self.engine.generate(GenerationRequest(prompt, params))
 
     async def write(self, failed: FailedAttempt, *, seed: int | None = None) -> Judgement:
         """The judgement of `failed`: the insight (or why there is none) and the judge's tokens.
@@ -714,7 +693,7 @@ class InsightWriter:
             if failed.success and self.content != "strategy":
                 return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0, prompt_ids=prompt)
             # Without the failed-test information (Table 3), the rule has no report to read: generic sentences.
-            fields = verifier_fields(failed if self.with_report else dataclasses.replace(failed, report=""))
+            fields = verifier_fields(failed if self.show_failed_tests else dataclasses.replace(failed, report=""))
             insight, error = insight_from_fields(fields, self.content)
             if insight and self.source == "uninformative":  # the control: same form and length, no information
                 insight = uninformative_insight(failed.task.env)(insight, failed.task, seed or 0)
@@ -722,36 +701,16 @@ class InsightWriter:
             return Judgement(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer
         prompt = self.prompt_ids(failed)
-        ids: list[int] = []
-        logprobs: list[float] = []
-        forced: list[bool] = []
-        think_tokens = action_tokens = 0
-        finish, version, answer_phase = "", -1, True
-        if self.thinking:
-            closed = False
-            if self.max_think_tokens > 0:
-                r = await self._generate(prompt, self.max_think_tokens, (tok.think_end_id, *tok.stop_ids), seed)
-                ids += r.token_ids
-                logprobs += r.logprobs
-                forced += [False] * len(r.token_ids)
-                think_tokens, finish, version = len(r.token_ids), r.finish_reason, r.weight_version
-                closed = bool(r.token_ids) and r.token_ids[-1] == tok.think_end_id
-                # Stopped on <|im_end|> inside the think block, or aborted: there is no answer phase.
-                answer_phase = closed or r.finish_reason == "length"
-            if answer_phase and not closed:
-                ids += self._force_close
-                logprobs += [0.0] * len(self._force_close)
-                forced += [True] * len(self._force_close)
-        if answer_phase:
-            r = await self._generate(prompt + tuple(ids), self.max_action_tokens, tok.stop_ids,
-                                     None if seed is None else (seed + 1) % 2**32)
-            ids += r.token_ids
-            logprobs += r.logprobs
-            forced += [False] * len(r.token_ids)
-            action_tokens, finish, version = len(r.token_ids), r.finish_reason, r.weight_version
-        text = tok.decode(ids)
+        # A think phase that ended the turn inside the think block, or was aborted, has no answer phase.
+        reply = await generate_two_phase(
+            self.engine, tok, prompt, thinking=self.thinking, max_think_tokens=self.max_think_tokens,
+            max_action_tokens=self.max_action_tokens, stop_ids=tok.stop_ids, temperature=self.temperature,
+            seeds=(seed, None if seed is None else (seed + 1) % 2**32), act_only_after_budget=True,
+        )  # fmt: skip
+        finish = reply.finish_reason
+        text = tok.decode(reply.ids)
         insight = None
-        if answer_phase:
+        if reply.acted:
             fields, error = parse_judge_output(text)
         else:  # the judge ended (or was aborted) inside its think block: there is no answer
             fields, error = None, f"no answer: generation ended inside the think block ({finish})"
@@ -764,14 +723,14 @@ class InsightWriter:
             fields=fields or {},
             parse_error=error,
             prompt_tokens=len(prompt),
-            completion_tokens=think_tokens + action_tokens,
-            think_tokens=think_tokens,
-            action_tokens=action_tokens,
+            completion_tokens=reply.think_tokens + reply.action_tokens,
+            think_tokens=reply.think_tokens,
+            action_tokens=reply.action_tokens,
             text=text,
             prompt_ids=prompt,
-            completion_ids=tuple(ids),
-            forced=tuple(forced),
-            logprobs=tuple(float(x) for x in logprobs),
+            completion_ids=reply.ids,
+            forced=reply.forced,
+            logprobs=tuple(float(x) for x in reply.logprobs),
             finish_reason=finish,
-            weight_version=version,
+            weight_version=reply.weight_version,
         )

@@ -24,8 +24,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import ml_collections
+
 from rltldr_jax.tokenization import Insight
 
+#: Values of `insight.schedule` (the module docstring says what each does).
 POLICIES = ("threshold", "first_k", "never", "always")
 
 
@@ -62,7 +65,7 @@ class InsightSchedule:
         self._tasks: dict[str, _TaskRecord] = {}
 
     @classmethod
-    def from_config(cls, config: Any) -> InsightSchedule:
+    def from_config(cls, config: ml_collections.ConfigDict) -> InsightSchedule:
         """The schedule of `config.insight` (schedule, threshold, first_k, first_k_max_successes, max_insights)."""
         ins = config.insight
         return cls(ins.schedule, threshold=ins.threshold, first_k=ins.first_k,

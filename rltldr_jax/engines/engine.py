@@ -15,6 +15,14 @@ from typing import Any, Literal, Protocol
 FinishReason = Literal["stop", "length", "abort"]
 
 
+def top_k_error(top_k: int, *, prefix: str = "") -> str | None:
+    """What is wrong with a top-k value, None if nothing: -1 (off) or a positive k. `prefix` names the key's section
+    in the message ("rollout." for config validation)."""
+    if top_k == 0 or top_k < -1:
+        return f"{prefix}top_k={top_k}: use -1 (off) or a positive k"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion.
@@ -43,8 +51,9 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or positive, got {self.top_k}")
+        problem = top_k_error(self.top_k)
+        if problem:
+            raise ValueError(problem)
         if self.seed is not None and not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if self.max_new_tokens < 1:

@@ -17,19 +17,21 @@ work at all?).
 from __future__ import annotations
 
 import copy
-from typing import Any
+
+import ml_collections
 
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.analysis.insight_curves import CurveResult, curve_tasks, insight_curves
-from rltldr_jax.engines.factory import close_engine, policy_engine
+from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.metrics import insight_advantage
-from rltldr_jax.tokenization import ContextBuilder
+from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate, policy_for_eval
 from rltldr_jax.train.setup import env_maker, policy_tokenizer
 
 
 def base_checks(
-    config: Any, *, iid_samples: int = 64, max_k: int = 8, num_tasks: int = 48, easy_split: str = "train_easy", progress: bool = False
+    config: ml_collections.ConfigDict, *, iid_samples: int = 64, max_k: int = 8, num_tasks: int = 48,
+    easy_split: str = "train_easy", progress: bool = False,
 ) -> tuple[dict[str, float], dict[str, CurveResult]]:
     """Measures the frozen policy of `config.model.checkpoint` (see the module docstring).
 
@@ -48,9 +50,9 @@ def base_checks(
     """
     model, _, _ = policy_for_eval(config, config.model.checkpoint)
     tokenizer = policy_tokenizer(config)
-    builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
+    builder = context_builder(config, tokenizer)
     make_env = env_maker(config)
-    engine = policy_engine(config, model, workdir=config.workdir or ".")
+    engine = policy_engine(EngineConfig.from_config(config), model, workdir=config.workdir or ".")
     checks: dict[str, float] = {}
     try:
         writer = InsightWriter.from_config(config, tokenizer, engine)

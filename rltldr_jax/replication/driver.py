@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.collector import PhaseResult
@@ -99,14 +100,14 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler).result()
 
 
-def base_policy(config: Any, *, progress: bool = False) -> str:
+def base_policy(config: ml_collections.ConfigDict, *, progress: bool = False) -> str:
     """The pretrained checkpoint of `config`: cached, shipped with the package (`pretrain.shipped`), or pretrained
     now in a fresh process."""
     return find_pretrained(config) or isolated(pretrain, config, progress=progress)
 
 
 def seed_checks(
-    config: Any, out: str, *, progress: bool = False, **sizes: int
+    config: ml_collections.ConfigDict, out: str, *, progress: bool = False, **sizes: int
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The base checks of one seed's pretrained policy (computed once, then read from `{out}/checks.json`);
     returns (checks, Pass@k curve per mode). `sizes` go to `base_checks` (iid_samples, num_tasks)."""
@@ -141,7 +142,7 @@ def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -
 
 
 def run_replication(
-    configs: Mapping[tuple[str, int], Any],
+    configs: Mapping[tuple[str, int], ml_collections.ConfigDict],
     out: str,
     *,
     title: str = "",

@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import ml_collections
+
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
@@ -34,7 +36,7 @@ SUMMARY = "summary.json"
 LAST_PHASES = 5
 
 
-def config_digest(config: Any) -> str:
+def config_digest(config: ml_collections.ConfigDict) -> str:
     """A hash of what a run trains (name and workdir excluded): equal digests mean identical runs."""
     d = config.to_dict()
     d.pop("name", None)
@@ -55,7 +57,7 @@ class Run:
 
     arm: str
     seed: int
-    config: Any
+    config: ml_collections.ConfigDict
     shared_with: str = ""
     depends_on: str = ""
 
@@ -69,7 +71,9 @@ class Run:
         return self.config.mode == "sft"
 
 
-def plan_runs(configs: Mapping[tuple[str, int], Any], out: str, *, rollouts_of: str = "rltldr") -> list[Run]:
+def plan_runs(
+    configs: Mapping[tuple[str, int], ml_collections.ConfigDict], out: str, *, rollouts_of: str = "rltldr"
+) -> list[Run]:
     """The grid's runs in execution order: per seed, the RL arms (an arm identical to an earlier one shares its
     run), then the offline SFT arms, which train on the rollouts of the same seed's `rollouts_of` arm.
 

@@ -10,29 +10,27 @@ this step's think and action), with
   task's attempts in the phase).
 Filters (A.3.2): groups whose advantages are all zero, then positive-ratio filtering, drop attempts. Dropped
 attempts take their SFT signal with them (L_SFT rides on the GRPO examples, "without increasing runtime"), except
-when the GRPO term is off (`keep_sft_only`, the "no GRPO" ablation), where insight-conditioned attempts stay in as
-SFT-only examples (advantage 0, empty action mask).
+with `ExampleConfig.keep_filtered_as_sft` (`loss.sft_on_filtered`, and always when the GRPO term is off: the "no
+GRPO" ablation), where insight-conditioned attempts stay in as SFT-only examples (advantage 0, empty action mask).
 
-How insight-conditioned attempts enter the update (`insight_rollouts`, Table 1 / Table 9):
-- `in_context` (RLTL;DR): as sampled, insights in context, SFT mask on them.
-- `off_policy`: the insights are removed from the context; the old logprobs stay the engine's (sampled *with*
-  insights), so the PPO ratio is π_θ(y | task) / π_old(y | task + insights). L_SFT keeps its signal through one
-  SFT-only example per step of such an attempt: the task and the insights alone (the same insight tokens, the
-  same per-step weight as in context).
-- `self_distill` (RLTF-SD, Song et al. 2026): the insights are removed; the attempt is trained by an
-  advantage-weighted likelihood without importance ratio (`detach_ratio`), with advantage r − (mean reward of
-  the task's attempts *without* insights in the phase; the group mean if there are none). Attempts without
-  insights use the same baseline, with the usual ratio.
-Judge SFT (Table 8, RLTF-FM / self-play insight SFT, `judge_examples`): the insight in the insight writer's own
-context (A.1 prompt with the failed rollout and report), π(f | τ), as `judge_mask` targets.
+How insight-conditioned attempts enter the update (`loss.insight_rollouts`, Table 1 / Table 9) is a rollout mode:
+a small class with its advantages and its examples (`InContext`, `OffPolicy`, `SelfDistill`: see their
+docstrings), registered by name in `INSIGHT_ROLLOUTS`; a new baseline is one class and one entry there.
+Judge SFT (Table 8, RLTF-FM / self-play insight SFT, `judge_examples`) adds to any mode: the insight in the
+insight writer's own context (A.1 prompt with the failed rollout and report), π(f | τ), as `judge_mask` targets.
+
+    config = ExampleConfig.from_config(run_config)                  # the loss.* keys, built once
+    examples, stats = phase_examples(attempts, builder, config, judgements=..., seed=...)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
@@ -41,9 +39,6 @@ from rltldr_jax.agent.insight import Judgement
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 from rltldr_jax.train.step import TrainBatch
-
-
-INSIGHT_ROLLOUTS = ("in_context", "off_policy", "self_distill")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +119,7 @@ def judge_examples(
                 continue
         prompt = list(judgement.prompt_ids)
         if tok.think_end_id not in prompt[-3:]:  # an open think block: close it (the think trace is not trained)
-            prompt += [tok.think_end_id, *tok.encode("\n\n")]
+            prompt += tok.think_close_ids
         target = tok.encode(judgement.insight)
         ids = np.array([*prompt, *target, tok.im_end_id], np.int32)
         mask = np.zeros(len(ids), bool)
@@ -132,6 +127,180 @@ def judge_examples(
         n = len(ids)
         out.append(Example(ids, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), 0.0, task_id, index, -1, judge_mask=mask))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rollout modes: how insight-conditioned attempts enter the update (`loss.insight_rollouts`)
+# ----------------------------------------------------------------------------------------------------
+
+
+class RolloutMode:
+    """How insight-conditioned attempts enter the update: their advantages and their examples.
+
+    The base class holds what the modes share: Dr. GRPO advantages, and attempts trained as sampled (with their
+    insights in context). A mode overrides what it changes and is registered in `INSIGHT_ROLLOUTS`.
+    """
+
+    #: Whether every example's context is the one its tokens were sampled in: only then does the first minibatch's
+    #: logprob gap measure the engine-vs-trainer mismatch (`train.max_logprob_gap`).
+    as_sampled: ClassVar[bool] = True
+
+    def advantages(self, attempts: Sequence[Attempt], groups: np.ndarray, *, std_normalize: bool) -> np.ndarray:
+        """The attempts' advantages, [N] float32 (N = len(attempts); `groups`: [N] group ids): the reward minus
+        its group's mean (Dr. GRPO), divided by the group's std with `std_normalize` (Table 9 ablation)."""
+        rewards = _rewards(attempts)
+        return np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(groups), std_normalize=std_normalize))
+
+    def examples(
+        self, attempt: Attempt, advantage: float, builder: ContextBuilder, config: ExampleConfig
+    ) -> list[Example]:
+        """The examples of an attempt the filters kept: one per step, as sampled."""
+        return attempt_examples(attempt, advantage, builder)
+
+    def sft_only_examples(self, attempt: Attempt, builder: ContextBuilder) -> list[Example]:
+        """The SFT-only examples of an insight-conditioned attempt the filters dropped (with
+        `ExampleConfig.keep_filtered_as_sft`): its steps with the insight mask and an empty action mask."""
+        return attempt_examples(attempt, 0.0, builder, train_actions=False)
+
+
+class InContext(RolloutMode):
+    """`in_context` (RLTL;DR): insight-conditioned attempts are trained as sampled, insights in context, the SFT
+    mask on them."""
+
+
+class WithoutInsights(RolloutMode):
+    """The modes that train insight-conditioned attempts with the insights removed from the context; L_SFT keeps
+    its signal through SFT-only examples of the task and the insights alone (`insight_prefix_example`), one per
+    step of such an attempt (the same insight tokens, the same per-step weight as in context)."""
+
+    as_sampled = False
+
+    def sft_only_examples(self, attempt: Attempt, builder: ContextBuilder) -> list[Example]:
+        return step_prefix_examples(attempt, builder)
+
+
+class OffPolicy(WithoutInsights):
+    """`off_policy` (Table 9): the insights are removed from the context; the old logprobs stay the engine's
+    (sampled *with* insights), so the PPO ratio is π_θ(y | task) / π_old(y | task + insights). A kept
+    insight-conditioned attempt also brings its insights-only SFT examples (none when λ = 0)."""
+
+    def examples(
+        self, attempt: Attempt, advantage: float, builder: ContextBuilder, config: ExampleConfig
+    ) -> list[Example]:
+        if not attempt.insights:
+            return attempt_examples(attempt, advantage, builder)
+        out = attempt_examples(attempt, advantage, builder, with_insights=False)
+        return out + step_prefix_examples(attempt, builder) if config.lam > 0 else out
+
+
+class SelfDistill(WithoutInsights):
+    """`self_distill` (RLTF-SD, Song et al. 2026): the insights are removed; the attempt is trained by an
+    advantage-weighted likelihood without importance ratio (`detach_ratio`), with advantage r − (mean reward of the
+    task's attempts *without* insights in the phase; the group mean if there are none; the group std is not
+    used). Attempts without insights use the same baseline, with the usual ratio."""
+
+    def advantages(self, attempts: Sequence[Attempt], groups: np.ndarray, *, std_normalize: bool) -> np.ndarray:
+        rewards = _rewards(attempts)
+        plain = np.array([not a.insights for a in attempts])
+        out = np.zeros(len(attempts), np.float32)
+        for g in np.unique(groups):
+            members = groups == g
+            without = members & plain
+            baseline = rewards[without].mean() if without.any() else rewards[members].mean()
+            out[members] = rewards[members] - baseline
+        return out
+
+    def examples(
+        self, attempt: Attempt, advantage: float, builder: ContextBuilder, config: ExampleConfig
+    ) -> list[Example]:
+        if not attempt.insights:
+            return attempt_examples(attempt, advantage, builder)
+        return attempt_examples(attempt, advantage, builder, with_insights=False, detach_ratio=True)
+
+
+#: The rollout modes by `loss.insight_rollouts` name (configs/base.py takes its choices from here).
+INSIGHT_ROLLOUTS: dict[str, type[RolloutMode]] = {
+    "in_context": InContext,
+    "off_policy": OffPolicy,
+    "self_distill": SelfDistill,
+}
+
+#: Values of `loss.judge_sft_filter`: every insight, or only those after which the task's next attempt succeeded.
+JUDGE_SFT_FILTERS = ("all", "next_success")
+
+
+def _rewards(attempts: Sequence[Attempt]) -> np.ndarray:
+    """[N] float32: 1 for a successful attempt, else 0."""
+    return np.array([float(a.success) for a in attempts], np.float32)
+
+
+def step_prefix_examples(attempt: Attempt, builder: ContextBuilder) -> list[Example]:
+    """One insights-only SFT example (`insight_prefix_example`) per step of `attempt`."""
+    return [insight_prefix_example(attempt.task, attempt.insights, builder, attempt.index)] * len(attempt.steps)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A phase's examples
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleConfig:
+    """How a phase's attempts become examples: the `loss.*` keys the examples depend on (the defaults are the
+    paper's, with the rollout filters of A.3.2).
+
+    Attributes:
+      lam: λ; with off_policy, λ = 0 adds no insights-only SFT examples for kept attempts.
+      grpo_coef: weight of L_GRPO; 0 keeps filtered insight-conditioned attempts as SFT-only examples.
+      std_normalize: divide advantages by the group std (Table 9 ablation).
+      filter_zero_advantage: drop groups whose advantages are all zero.
+      positive_ratio: keep rollouts so that at least this share has a positive advantage (0 = off).
+      split_advantages: insight-conditioned and unconditioned attempts of a task form separate groups (Table 9).
+      sft_on_filtered: keep dropped insight-conditioned attempts as SFT-only examples (not in the paper).
+      insight_rollouts: the rollout mode, a key of `INSIGHT_ROLLOUTS`.
+      judge_sft_coef: weight of judge SFT (Table 8); > 0 adds the judge-SFT examples.
+      judge_sft_filter: which insights judge SFT trains on, one of `JUDGE_SFT_FILTERS`.
+    """
+
+    lam: float = 0.5
+    grpo_coef: float = 1.0
+    std_normalize: bool = False
+    filter_zero_advantage: bool = True
+    positive_ratio: float = 0.75
+    split_advantages: bool = False
+    sft_on_filtered: bool = False
+    insight_rollouts: str = "in_context"
+    judge_sft_coef: float = 0.0
+    judge_sft_filter: str = "all"
+
+    def __post_init__(self):
+        if self.insight_rollouts not in INSIGHT_ROLLOUTS:
+            raise ValueError(f"insight_rollouts={self.insight_rollouts!r}; choose one of {', '.join(INSIGHT_ROLLOUTS)}")
+        if self.judge_sft_filter not in JUDGE_SFT_FILTERS:
+            raise ValueError(
+                f"judge_sft_filter={self.judge_sft_filter!r}; choose one of {', '.join(JUDGE_SFT_FILTERS)}"
+            )
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> ExampleConfig:
+        """The settings of a run's `config.loss`."""
+        c = config.loss
+        return cls(
+            lam=c.lam, grpo_coef=c.grpo_coef, std_normalize=c.std_normalize, filter_zero_advantage=c.filter_zero_advantage,
+            positive_ratio=c.positive_ratio, split_advantages=c.split_advantages, sft_on_filtered=c.sft_on_filtered,
+            insight_rollouts=c.insight_rollouts, judge_sft_coef=c.judge_sft_coef, judge_sft_filter=c.judge_sft_filter,
+        )  # fmt: skip
+
+    @property
+    def keep_filtered_as_sft(self) -> bool:
+        """Whether insight-conditioned attempts the filters dropped stay in as SFT-only examples: with
+        `sft_on_filtered`, and always when the GRPO term is off (grpo_coef = 0: L_SFT is then all there is)."""
+        return self.grpo_coef == 0 or self.sft_on_filtered
+
+    @property
+    def rollout_mode(self) -> RolloutMode:
+        """The rollout mode of `insight_rollouts`."""
+        return INSIGHT_ROLLOUTS[self.insight_rollouts]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,85 +315,49 @@ class ExampleStats:
     judge_examples: int = 0
 
 
-def _advantages(attempts: Sequence[Attempt], groups: np.ndarray, std_normalize: bool, no_insight_baseline: bool) -> np.ndarray:
-    rewards = np.array([float(a.success) for a in attempts], np.float32)
-    adv = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(groups), std_normalize=std_normalize))
-    if not no_insight_baseline:
-        return adv
-    out = adv.copy()
-    for g in np.unique(groups):
-        members = groups == g
-        plain = members & np.array([not a.insights for a in attempts])
-        baseline = rewards[plain].mean() if plain.any() else rewards[members].mean()
-        out[members] = rewards[members] - baseline
-    return out
-
-
 def phase_examples(
     attempts: Sequence[Attempt],
     builder: ContextBuilder,
+    config: ExampleConfig = ExampleConfig(),
     *,
-    std_normalize: bool = False,
-    filter_zero_advantage: bool = True,
-    positive_ratio: float = 0.75,
-    split_advantages: bool = False,
-    keep_sft_only: bool = False,
-    insight_rollouts: str = "in_context",
-    sft_prefix: bool = True,
     judgements: Sequence[tuple[str, int, Judgement]] = (),
-    judge_sft: str | None = None,
     seed: int = 0,
 ) -> tuple[list[Example], ExampleStats]:
-    """Advantages per group, the filters, then one example per step of every kept attempt.
+    """Advantages per group, the filters, then the rollout mode's examples of every kept attempt (in task, attempt
+    order), the SFT-only examples of dropped insight-conditioned ones (`ExampleConfig.keep_filtered_as_sft`), and
+    last the judge-SFT examples (when `judge_sft_coef` > 0).
 
     Args:
       attempts: a phase's attempts (any order).
-      std_normalize: divide advantages by the group std (Table 9 ablation).
-      filter_zero_advantage: drop groups whose advantages are all zero.
-      positive_ratio: keep rollouts so that at least this share has a positive advantage (0 = off).
-      split_advantages: insight-conditioned and unconditioned attempts of a task form separate groups (Table 9).
-      keep_sft_only: keep dropped insight-conditioned attempts as SFT-only examples (for grpo_coef = 0).
-      insight_rollouts: in_context | off_policy | self_distill (module docstring).
-      sft_prefix: with off_policy, add the insights-only SFT examples (off when λ = 0).
+      config: the advantages, filters, rollout mode and judge SFT.
       judgements: the phase's (task_id, attempt index, judgement), for judge SFT.
-      judge_sft: None (off) | "all" | "next_success": add judge-SFT examples (Table 8).
       seed: positive-ratio filter sampling.
     """
-    if insight_rollouts not in INSIGHT_ROLLOUTS:
-        raise ValueError(f"insight_rollouts={insight_rollouts!r}; choose one of {', '.join(INSIGHT_ROLLOUTS)}")
-    if judge_sft not in (None, "all", "next_success"):
-        raise ValueError(f'judge_sft={judge_sft!r}; choose None, "all" or "next_success"')
+    mode = config.rollout_mode
     attempts = sorted(attempts, key=lambda a: (a.task.task_id, a.index))
-    judge = judge_examples(attempts, judgements, builder, only_next_success=judge_sft == "next_success") if judge_sft else []
+    judge: list[Example] = []
+    if config.judge_sft_coef > 0:
+        only_next_success = config.judge_sft_filter == "next_success"
+        judge = judge_examples(attempts, judgements, builder, only_next_success=only_next_success)
     if not attempts:
         return judge, ExampleStats(0, 0, 0, 0, len(judge), len(judge))
-    keys = [(a.task.task_id, bool(a.insights) if split_advantages else False) for a in attempts]
+    keys = [(a.task.task_id, bool(a.insights) if config.split_advantages else False) for a in attempts]
     group_of = {key: g for g, key in enumerate(dict.fromkeys(keys))}
     groups = np.array([group_of[k] for k in keys])
-    adv = _advantages(attempts, groups, std_normalize, no_insight_baseline=insight_rollouts == "self_distill")
+    adv = mode.advantages(attempts, groups, std_normalize=config.std_normalize)
     keep = np.ones(len(attempts), bool)
-    if filter_zero_advantage:
+    if config.filter_zero_advantage:
         keep &= nonzero_advantage_groups(adv, groups)
     zero_groups = len(set(groups.tolist())) - len(set(groups[keep].tolist()))
-    if positive_ratio > 0:
-        keep &= positive_ratio_filter(adv, positive_ratio, rng=seed, keep=keep)
+    if config.positive_ratio > 0:
+        keep &= positive_ratio_filter(adv, config.positive_ratio, rng=seed, keep=keep)
     examples: list[Example] = []
     sft_only = 0
     for a, advantage, kept in zip(attempts, adv, keep):
-        conditioned = bool(a.insights)
-        moved = conditioned and insight_rollouts != "in_context"  # trained without its insights in context
-        # Off-policy keeps L_SFT with one insights-only example per step (the per-step weight it has in context).
-        prefixes = [insight_prefix_example(a.task, a.insights, builder, a.index)] * len(a.steps) if moved else []
         if kept:
-            examples += attempt_examples(a, float(advantage), builder, with_insights=not moved,
-                                         detach_ratio=moved and insight_rollouts == "self_distill")  # fmt: skip
-            if insight_rollouts == "off_policy" and sft_prefix:
-                examples += prefixes
-        elif keep_sft_only and conditioned:
-            if moved:
-                examples += prefixes
-            else:
-                examples += attempt_examples(a, 0.0, builder, train_actions=False)
+            examples += mode.examples(a, float(advantage), builder, config)
+        elif config.keep_filtered_as_sft and a.insights:
+            examples += mode.sft_only_examples(a, builder)
             sft_only += 1
     examples += judge
     return examples, ExampleStats(len(attempts), int(keep.sum()), zero_groups, sft_only, len(examples), len(judge))

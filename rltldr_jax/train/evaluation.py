@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ml_collections
+
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task, TaskSource, load_tasks
 from rltldr_jax.metrics import AttemptRecord, summarize
-from rltldr_jax.tokenization import ContextBuilder
+from rltldr_jax.tokenization import ContextBuilder, context_builder
 
 
 def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
@@ -34,7 +36,7 @@ def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
     ]
 
 
-def eval_tasks(config: Any, *, on_train_split: bool = False) -> list[Task]:
+def eval_tasks(config: ml_collections.ConfigDict, *, on_train_split: bool = False) -> list[Task]:
     """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
     `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""
     split, n = (config.env.train_split, config.eval.train_num_tasks) if on_train_split else (config.env.eval_split, config.eval.num_tasks)
@@ -47,7 +49,7 @@ def eval_tasks(config: Any, *, on_train_split: bool = False) -> list[Task]:
 def evaluate(
     engine: GenerationEngine,
     builder: ContextBuilder,
-    config: Any,
+    config: ml_collections.ConfigDict,
     *,
     make_env: Callable[[], Env],
     tag: int = 0,
@@ -79,7 +81,7 @@ def evaluate(
     return metrics, result
 
 
-def policy_for_eval(config: Any, checkpoint: str | None) -> tuple[Any, str, int | None]:
+def policy_for_eval(config: ml_collections.ConfigDict, checkpoint: str | None) -> tuple[Any, str, int | None]:
     """(model, description, training step or None) of the policy `launch/eval.py` evaluates: `checkpoint` (an HF
     directory or a training checkpoint directory `DIR[:STEP]`), else the latest checkpoint of the config's workdir,
     else `model.checkpoint`, else the tiny preset's random initialisation."""
@@ -112,7 +114,9 @@ def policy_for_eval(config: Any, checkpoint: str | None) -> tuple[Any, str, int 
     return spec.build(seed=config.seed), "the tiny preset's random initialisation", None
 
 
-def evaluate_checkpoint(config: Any, checkpoint: str | None = None, out: str | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    config: ml_collections.ConfigDict, checkpoint: str | None = None, out: str | None = None
+) -> dict[str, Any]:
     """What `launch/eval.py` does: evaluates a checkpoint, writes the JSON report, prints the headline numbers.
 
     The sampling seeds are those of the trainer's own evaluation after phase `step` (the checkpoint's step), so
@@ -122,13 +126,13 @@ def evaluate_checkpoint(config: Any, checkpoint: str | None = None, out: str | N
     Returns:
       The report: policy, env, split, attempts_per_task, seconds, metrics, per_task successes.
     """
-    from rltldr_jax.engines.factory import close_engine, policy_engine
+    from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
     from rltldr_jax.train.setup import env_maker, policy_tokenizer, workdir_of
 
     model, what, step = policy_for_eval(config, checkpoint)
-    builder = ContextBuilder(policy_tokenizer(config), thinking=config.rollout.thinking)
+    builder = context_builder(config, policy_tokenizer(config))
     workdir = workdir_of(config)
-    engine = policy_engine(config, model, workdir=workdir)
+    engine = policy_engine(EngineConfig.from_config(config), model, workdir=workdir)
     t0 = time.time()
     try:
         if config.engine.kind != "jax":

@@ -52,19 +52,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.insight import InsightWriter, insight_scaffold
+from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
-from rltldr_jax.engines.factory import close_engine, ensure_served, policy_engine, teacher_engine
+from rltldr_jax.engines.factory import EngineConfig, close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
-from rltldr_jax.sharding import OnMainProcess, from_main_process, is_main_process
-from rltldr_jax.tokenization import ContextBuilder
-from rltldr_jax.train.batching import Example, pack, phase_examples
+from rltldr_jax.sharding import MeshConfig, OnMainProcess, from_main_process, is_main_process
+from rltldr_jax.tokenization import context_builder
+from rltldr_jax.train.batching import Example, ExampleConfig, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
@@ -94,7 +95,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: Any,
+        config: ml_collections.ConfigDict,
         *,
         resume: bool = False,
         restart: bool = False,
@@ -127,14 +128,16 @@ class Trainer:
             except CorruptCheckpointError:
                 pass  # the restore below falls back to an older step, or says what is wrong
         self.tokenizer = policy_tokenizer(config)
-        self.builder = ContextBuilder(self.tokenizer, thinking=config.rollout.thinking,
-                                      insight_scaffold=insight_scaffold(config.insight.content))  # fmt: skip
+        self.builder = context_builder(config, self.tokenizer)
+        # The typed settings of the library parts, built once from the config.
+        self.example_config = ExampleConfig.from_config(config)
+        self.update_config = UpdateConfig.from_config(config)
+        self.engine_config = EngineConfig.from_config(config)
         model = build_policy(config)
         self.model_config = model.config
         tx = optimizer_from_config(config.optim)
-        loss_cfg = LossConfig(lam=config.loss.lam, grpo_coef=config.loss.grpo_coef, clip_eps=config.loss.clip_eps,
-                              judge_coef=config.loss.judge_sft_coef)  # fmt: skip
-        self.update = ShardedUpdate(config, model, tx, loss_cfg)
+        self.update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
+                                    micro_batch_size=self.update_config.micro_batch_size)  # fmt: skip
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
         self._prefetch: _Prefetch | None = None  # the next phase, collected in the background (train.overlap_phases)
@@ -146,14 +149,16 @@ class Trainer:
         if resume:
             self._resume(candidates, explicit=resume_step is not None)
         policy = self.update.model()  # (every process: a collective in a multi-process job)
-        self.engine = (policy_engine(config, policy, workdir=self.workdir, version=self.version) if is_main_process()
-                       else OnMainProcess("the policy engine"))  # fmt: skip
+        self.engine = (policy_engine(self.engine_config, policy, workdir=self.workdir, version=self.version)
+                       if is_main_process() else OnMainProcess("the policy engine"))  # fmt: skip
         self.initial_weights = ensure_served(self.engine, policy, self.version,
-                                             assume=config.engine.assume_initial_weights)  # fmt: skip
+                                             assume=self.engine_config.assume_initial_weights)  # fmt: skip
         if config.insight.schedule == "never":
             self.teacher, teacher_tokenizer = None, None
+        elif is_main_process():
+            self.teacher, teacher_tokenizer = teacher_engine(self.engine_config)
         else:
-            self.teacher, teacher_tokenizer = teacher_engine(config) if is_main_process() else (OnMainProcess("the teacher"), None)
+            self.teacher, teacher_tokenizer = OnMainProcess("the teacher"), None
         self.schedule = InsightSchedule.from_config(config)
         writer = None
         if config.insight.schedule != "never":
@@ -283,20 +288,17 @@ class Trainer:
         c = self.config
         if c.rollout.save_rollouts and is_main_process():
             save_phase(os.path.join(self.workdir, "rollouts", f"phase_{self.phase:05d}.jsonl"), self.phase, result)
-        examples, stats = phase_examples(
-            result.attempts, self.builder, std_normalize=c.loss.std_normalize, filter_zero_advantage=c.loss.filter_zero_advantage,
-            positive_ratio=c.loss.positive_ratio, split_advantages=c.loss.split_advantages,
-            keep_sft_only=c.loss.grpo_coef == 0 or c.loss.sft_on_filtered, insight_rollouts=c.loss.insight_rollouts,
-            sft_prefix=c.loss.lam > 0, judgements=result.judgements,
-            judge_sft=c.loss.judge_sft_filter if c.loss.judge_sft_coef > 0 else None, seed=c.seed + self.phase,
-        )  # fmt: skip
+        examples, stats = phase_examples(result.attempts, self.builder, self.example_config,
+                                         judgements=result.judgements, seed=c.seed + self.phase)  # fmt: skip
         # Trainer version - sampler version of every step: 0 in sync mode, 1 for a phase prefetched under overlap_phases.
         gaps = [self.version - s.weight_version for a in result.attempts for s in a.steps] or [0]
         self.checkpoints.check_saved(wait=True)
         t0 = time.time()
-        # On a lagged phase the first minibatch's gap measures the previous update, not an engine mismatch.
-        update = update_phase(self.update, examples, c, phase=self.phase, guard=self.nonfinite, progress=self.progress,
-                              check_gap=max(gaps) <= 0)  # fmt: skip
+        # On a lagged phase the first minibatch's gap measures the previous update, not an engine mismatch; a rollout
+        # mode that trains on other contexts than were sampled has no gap to check either.
+        check_gap = max(gaps) <= 0 and self.example_config.rollout_mode.as_sampled
+        update = update_phase(self.update, examples, self.update_config, phase=self.phase, guard=self.nonfinite,
+                              progress=self.progress, check_gap=check_gap)  # fmt: skip
         update_s = time.time() - t0
         wait_s = 0.0
         if prefetch is not None and prefetch.pending is not None:
@@ -438,42 +440,65 @@ class _Prefetch:
     cursor: dict[str, int]  # the task cursor before its tasks were taken (what a checkpoint saves meanwhile)
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """The update phase's settings (Table 4, bottom): `batch.*`, the context limit `rollout.max_context_tokens` (no
+    example is longer), `train.max_logprob_gap` (0 = no check) and the run's `seed` (each epoch's example order)."""
+
+    ppo_epochs: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    pad_to_multiple: int
+    max_context_tokens: int
+    max_logprob_gap: float
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> UpdateConfig:
+        """The update settings of a run's config."""
+        b = config.batch
+        return cls(ppo_epochs=b.ppo_epochs, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
+                   pad_to_multiple=b.pad_to_multiple, max_context_tokens=config.rollout.max_context_tokens,
+                   max_logprob_gap=config.train.max_logprob_gap, seed=config.seed)  # fmt: skip
+
+
 def update_phase(
     update: ShardedUpdate,
     examples: Sequence[Example],
-    config: Any,
+    config: UpdateConfig,
     *,
     phase: int,
     guard: NonFiniteGuard,
     progress: bool = False,
     check_gap: bool = True,
 ) -> dict[str, float]:
-    """`batch.ppo_epochs` passes of optimizer steps over a phase's examples (shuffled per epoch, seeded by phase).
+    """`config.ppo_epochs` passes of optimizer steps over a phase's examples (shuffled per epoch, seeded by the run's
+    seed and the phase).
 
     Returns the steps' mean metrics, the first minibatch's ratio diagnostics, `optimizer_steps`, and
     `skipped_nonfinite` (a count: steps `train_step` skipped for a non-finite loss or gradient norm; the means
     include their NaN/inf, so a phase with a skipped step shows it). `guard` raises NonFiniteError after too many
     skips in a row. With `check_gap` (the examples were sampled with the trainer's current weights, in their
-    training contexts) the first minibatch's logprob gap is checked against `train.max_logprob_gap`.
+    training contexts) the first minibatch's logprob gap is checked against `config.max_logprob_gap`.
     """
-    b = config.batch
     if not examples:
         return {"optimizer_steps": 0.0, "skipped_nonfinite": 0.0}
     sums: dict[str, float] = {}
     first: dict[str, float] = {}
     n = 0
     order_rng = np.random.default_rng([config.seed, phase])
-    per_epoch = -(-len(examples) // (b.micro_batch_size * b.grad_accum_steps))
+    per_epoch = -(-len(examples) // (config.micro_batch_size * config.grad_accum_steps))
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=b.ppo_epochs * per_epoch, desc=f"update {phase}", unit="step", leave=False)
+        bar = tqdm(total=config.ppo_epochs * per_epoch, desc=f"update {phase}", unit="step", leave=False)
     try:
-        for _ in range(b.ppo_epochs):
+        for _ in range(config.ppo_epochs):
             shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
-            for batch in pack(shuffled, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
-                              pad_to_multiple=b.pad_to_multiple, max_len=config.rollout.max_context_tokens):  # fmt: skip
+            batches = pack(shuffled, micro_batch_size=config.micro_batch_size, grad_accum_steps=config.grad_accum_steps,
+                           pad_to_multiple=config.pad_to_multiple, max_len=config.max_context_tokens)  # fmt: skip
+            for batch in batches:
                 metrics = {k: float(v) for k, v in update.step(batch).items()}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -482,8 +507,8 @@ def update_phase(
                 n += 1
                 if bar is not None:
                     bar.update(1)
-                if n == 1 and check_gap and config.loss.insight_rollouts == "in_context":  # else other contexts than sampled
-                    check_logprob_gap(metrics, config.train.max_logprob_gap, phase)
+                if n == 1 and check_gap:
+                    check_logprob_gap(metrics, config.max_logprob_gap, phase)
                 guard.record(metrics, f"phase {phase + 1}, optimizer step {n}")
     finally:
         if bar is not None:

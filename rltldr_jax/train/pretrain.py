@@ -36,12 +36,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
 from rltldr_jax.train.batching import Example, pack
 from rltldr_jax.train.setup import ShardedUpdate
@@ -59,7 +61,7 @@ PAD_MULTIPLE = 64
 LENGTH_BUCKETS = 4
 
 
-def pretrain_key(config: Any) -> str:
+def pretrain_key(config: ml_collections.ConfigDict) -> str:
     """A hash of everything the pretrained checkpoint depends on: the pretrain settings (cache_dir excluded), the
     architecture, dtypes, environment (and the source of its world: `registry.world_fingerprint`), insight cap,
     seed and the recipe version."""
@@ -79,7 +81,7 @@ def pretrain_key(config: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def pretrained_dir(config: Any) -> str:
+def pretrained_dir(config: ml_collections.ConfigDict) -> str:
     """Where the pretrained checkpoint of `config` lives: {cache_dir}/{env}-{preset}-s{seed}-{hash}."""
     cache = config.pretrain.cache_dir or os.path.join("runs", "pretrained")
     name = f"{config.env.name}-{config.model.preset}-s{config.seed}-{pretrain_key(config)}"
@@ -90,7 +92,7 @@ def pretrained_dir(config: Any) -> str:
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "replication", "base_policies")
 
 
-def shipped_dir(config: Any) -> str | None:
+def shipped_dir(config: ml_collections.ConfigDict) -> str | None:
     """The shipped base policy with `config`'s pretraining key, or None (none shipped, or `pretrain.shipped` off).
     Rebuild them after a change to the world or the recipe (`python launch/pretrain.py --config=configs/replicate.py
     --config.seed=S --config.pretrain.shipped=False --config.pretrain.cache_dir=rltldr_jax/replication/base_policies`)."""
@@ -100,7 +102,7 @@ def shipped_dir(config: Any) -> str | None:
     return path if os.path.isfile(os.path.join(path, "pretrain.json")) else None
 
 
-def find_pretrained(config: Any) -> str | None:
+def find_pretrained(config: ml_collections.ConfigDict) -> str | None:
     """The checkpoint `pretrain` would return without training: the cached one, else the shipped one, else None."""
     cached = pretrained_dir(config)
     if os.path.isfile(os.path.join(cached, "pretrain.json")):
@@ -111,7 +113,7 @@ def find_pretrained(config: Any) -> str | None:
     return shipped
 
 
-def build_tokenizer(config: Any) -> Tokenizer:
+def build_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
     demonstrations (seed 0), plus the chat scaffolding's words."""
     draw = demonstrations(config.env.name, insight_prob=1.0, max_insights=config.insight.max_insights)
@@ -136,7 +138,7 @@ def demonstration_example(
     return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), target, 0.0, task.task_id, 0, 0)
 
 
-def _optimizer(config: Any) -> optax.GradientTransformation:
+def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     p = config.pretrain
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, p.learning_rate, max(1, min(p.warmup_steps, p.steps - 1)), max(p.steps, 2), end_value=p.learning_rate * 0.05
@@ -144,7 +146,9 @@ def _optimizer(config: Any) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=p.weight_decay))
 
 
-def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None) -> str:
+def pretrain(
+    config: ml_collections.ConfigDict, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None
+) -> str:
     """Pretrains `config.model.preset` from random weights (seed `config.seed`) on the environment's
     demonstrations, or returns the cached (or shipped, `shipped_dir`) result; returns the checkpoint directory.
 
@@ -169,9 +173,8 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
     builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
     spec = ModelSpec(arch, dtype=getattr(jnp, config.model.dtype), param_dtype=getattr(jnp, config.model.param_dtype))
     model = spec.build(seed=config.seed)
-    c = copy.deepcopy(config)
-    c.batch.micro_batch_size = p.batch_size
-    update = ShardedUpdate(c, model, _optimizer(config), LossConfig(lam=1.0, grpo_coef=0.0))
+    mesh, loss_cfg = MeshConfig.from_config(config), LossConfig(lam=1.0, grpo_coef=0.0)
+    update = ShardedUpdate(mesh, model, _optimizer(config), loss_cfg, micro_batch_size=p.batch_size)
     draw = demonstrations(config.env.name, insight_prob=p.insight_prob, max_insights=config.insight.max_insights,
                           statement_prob=p.statement_prob)  # fmt: skip
     rng = np.random.default_rng([config.seed, 1])
@@ -219,7 +222,7 @@ def pretrain(config: Any, *, progress: bool = False, on_log: Callable[[int, floa
     return out
 
 
-def ensure_pretrained(config: Any, *, progress: bool = False) -> Any:
+def ensure_pretrained(config: ml_collections.ConfigDict, *, progress: bool = False) -> ml_collections.ConfigDict:
     """`config` itself when it needs no pretraining (pretrain.steps == 0 or model.checkpoint set); else a copy
     whose `model.checkpoint` is the (cached or new) pretrained checkpoint."""
     if config.pretrain.steps <= 0 or config.model.checkpoint:

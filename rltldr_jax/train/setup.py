@@ -1,8 +1,9 @@
 """What the RL trainer and the offline SFT trainer share: the policy from a config, and the sharded update.
 
     model = build_policy(config)                                   # HF weights, or the tiny preset's random ones
-    update = ShardedUpdate(config, model, tx, loss_cfg)            # params + optimizer state on config.mesh
-    update.params, update.opt_state, metrics = update.step(update.params, update.opt_state, batch)
+    update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
+                           micro_batch_size=config.batch.micro_batch_size)   # params + optimizer state on the mesh
+    metrics = update.step(batch)                                   # one optimizer step; params, opt_state updated
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -24,24 +26,24 @@ from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
 
 
-def workdir_of(config: Any) -> str:
+def workdir_of(config: ml_collections.ConfigDict) -> str:
     """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}; absolute
     (a relative one is taken against the current directory, as the launchers' config resolution does)."""
     return os.path.abspath(config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}"))
 
 
-def policy_tokenizer(config: Any) -> Tokenizer:
+def policy_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     """`config.tokenizer`, else the policy checkpoint's, else the built-in Qwen 3.5 tokenizer."""
     return load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
 
 
-def env_maker(config: Any) -> Callable[[], Env]:
+def env_maker(config: ml_collections.ConfigDict) -> Callable[[], Env]:
     """Builds one environment of `config.env` per call (the collector makes one per attempt chain)."""
     e = config.env
     return lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
 
 
-def build_policy(config: Any) -> Any:
+def build_policy(config: ml_collections.ConfigDict) -> Any:
     """The Qwen35 policy of `config.model`: `model.checkpoint`'s weights, or random ones for the tiny preset only
     (a paper-size preset without weights fails here, saying where to get them)."""
     dtype = getattr(jnp, config.model.dtype)
@@ -60,20 +62,34 @@ def build_policy(config: Any) -> Any:
 
 
 class ShardedUpdate:
-    """Parameters and optimizer state on the (data, fsdp, tensor) mesh of `config.mesh`, and `train_step` jitted
-    with those shardings (ZeRO-3 over fsdp, tensor parallel over tensor, the batch rows over data × fsdp).
+    """Parameters and optimizer state on a (data, fsdp, tensor) mesh, and `train_step` jitted with those shardings
+    (ZeRO-3 over fsdp, tensor parallel over tensor, the batch rows over data × fsdp).
+
+    Args:
+      mesh: the mesh's axis sizes.
+      model: the policy (its parameters are split off and placed on the mesh).
+      tx: the optimizer.
+      loss_cfg: the objective's coefficients.
+      micro_batch_size: rows per micro-batch (`batch.micro_batch_size`): a multiple of the data × fsdp devices.
 
     Attributes:
       mesh, graphdef, params, opt_state, tx, loss_cfg; `shardings` = (params, optimizer state).
     """
 
-    def __init__(self, config: Any, model: Any, tx: optax.GradientTransformation, loss_cfg: LossConfig):
-        m = config.mesh
-        self.mesh = sharding.make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+    def __init__(
+        self,
+        mesh: sharding.MeshConfig,
+        model: Any,
+        tx: optax.GradientTransformation,
+        loss_cfg: LossConfig,
+        *,
+        micro_batch_size: int,
+    ):
+        self.mesh = mesh.make()
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if config.batch.micro_batch_size % dp:
+        if micro_batch_size % dp:
             raise ValueError(
-                f"batch.micro_batch_size={config.batch.micro_batch_size} is not divisible by the {dp} data-parallel "
+                f"batch.micro_batch_size={micro_batch_size} is not divisible by the {dp} data-parallel "
                 f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
             )
         self.tx, self.loss_cfg = tx, loss_cfg

@@ -23,13 +23,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.collector import RolloutRecord, load_rollouts
 from rltldr_jax.checkpoint import Checkpointer
-from rltldr_jax.engines.factory import close_engine, policy_engine
-from rltldr_jax.sharding import from_main_process
-from rltldr_jax.tokenization import ContextBuilder, Insight
+from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
+from rltldr_jax.sharding import MeshConfig, from_main_process
+from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
@@ -99,7 +100,7 @@ def sft_examples(
     return SFTData(examples, used, int(sum(e.insight_mask.sum() for e in examples)))
 
 
-def run_sft(config: Any, *, progress: bool = False, restart: bool = False) -> dict[str, float]:
+def run_sft(config: ml_collections.ConfigDict, *, progress: bool = False, restart: bool = False) -> dict[str, float]:
     """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics.
 
     Like a `Trainer`, it refuses a workdir that holds a run (`RunExistsError`; `restart=True` moves that run to
@@ -119,14 +120,15 @@ def run_sft(config: Any, *, progress: bool = False, restart: bool = False) -> di
         lock.close()
 
 
-def _run_sft(config: Any, workdir: str, progress: bool) -> dict[str, float]:
-    builder = ContextBuilder(policy_tokenizer(config), thinking=config.rollout.thinking)
+def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, float]:
+    builder = context_builder(config, policy_tokenizer(config))
     s = config.sft
     data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
                         deduplicate=s.deduplicate, seed=config.seed)  # fmt: skip
     model = build_policy(config)
     tx = optimizer_from_config(config.optim, learning_rate=s.learning_rate)
-    update = ShardedUpdate(config, model, tx, LossConfig(lam=1.0, grpo_coef=0.0))
+    update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig(lam=1.0, grpo_coef=0.0),
+                           micro_batch_size=config.batch.micro_batch_size)  # fmt: skip
     summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
     steps, t0 = 0, time.time()
@@ -154,7 +156,7 @@ def _run_sft(config: Any, workdir: str, progress: bool) -> dict[str, float]:
         policy = update.model()  # (every process: a collective in a multi-process job)
 
         def evaluate_here() -> dict[str, float]:  # process 0 holds the engine; the others get its numbers
-            engine = policy_engine(config, policy, workdir=workdir)
+            engine = policy_engine(EngineConfig.from_config(config), policy, workdir=workdir)
             try:
                 return evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))[0]
             finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import nnx, struct
 
@@ -52,14 +53,20 @@ class TrainBatch:
 
 @struct.dataclass
 class LossConfig:
-    """The coefficients of the objective (static under jit)."""
+    """The coefficients of the objective (static under jit), named as their `loss.*` config keys."""
 
     lam: float = struct.field(pytree_node=False, default=0.5)
     grpo_coef: float = struct.field(pytree_node=False, default=1.0)
     clip_eps: float = struct.field(pytree_node=False, default=0.2)
-    judge_coef: float = struct.field(pytree_node=False, default=0.0)
+    judge_sft_coef: float = struct.field(pytree_node=False, default=0.0)
     # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
     logprob_chunk: int = struct.field(pytree_node=False, default=128)
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
+        """The coefficients of a run's `config.loss` (lam, grpo_coef, clip_eps, judge_sft_coef)."""
+        c = config.loss
+        return cls(lam=c.lam, grpo_coef=c.grpo_coef, clip_eps=c.clip_eps, judge_sft_coef=c.judge_sft_coef)
 
 
 #: Values of `optim.name` that `make_optimizer` builds.
@@ -82,6 +89,16 @@ def learning_rate_schedule(learning_rate: float, warmup_steps: int = 0) -> float
     return optax.linear_schedule(0.0, learning_rate, warmup_steps)
 
 
+def weight_decay_error(name: str, weight_decay: float, *, flag: str = "") -> str | None:
+    """What is wrong with this combination, None if nothing: weight decay is decoupled (AdamW's), so with another
+    rule a nonzero `weight_decay` would be silently ignored. `flag` prefixes the keys in the fix ("--config." for
+    the command line)."""
+    if weight_decay != 0 and name != "adamw":
+        return (f"optim.weight_decay={weight_decay} with optim.name={name!r} would be ignored: set {flag}optim.weight_decay=0, "
+                f"or {flag}optim.name=adamw for decoupled weight decay")  # fmt: skip
+    return None
+
+
 def make_optimizer(
     learning_rate: float, *, name: str = "adamw", warmup_steps: int = 0, b1: float = 0.9, b2: float = 0.999,
     eps: float = 1e-8, weight_decay: float = 0.0, grad_clip_norm: float = 1.0,
@@ -99,11 +116,9 @@ def make_optimizer(
     """  # fmt: skip
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}: pick one of them")
-    if weight_decay != 0 and name != "adamw":
-        raise ValueError(
-            f"optim.weight_decay={weight_decay} with optim.name={name!r} would be ignored: set "
-            "--config.optim.weight_decay=0, or --config.optim.name=adamw for decoupled weight decay"
-        )
+    problem = weight_decay_error(name, weight_decay, flag="--config.")
+    if problem:
+        raise ValueError(problem)
     lr = learning_rate_schedule(learning_rate, warmup_steps)
     clip = optax.clip_by_global_norm(grad_clip_norm) if grad_clip_norm > 0 else optax.identity()
     if name == "adamw":
@@ -115,7 +130,9 @@ def make_optimizer(
     return optax.chain(clip, rule)
 
 
-def optimizer_from_config(optim: Any, learning_rate: float | None = None) -> optax.GradientTransformation:
+def optimizer_from_config(
+    optim: ml_collections.ConfigDict, learning_rate: float | None = None
+) -> optax.GradientTransformation:
     """`make_optimizer` from the `optim.*` keys of a config; `learning_rate` replaces `optim.learning_rate` (the
     offline SFT baselines use `sft.learning_rate` with the rest of `optim.*`)."""
     lr = optim.learning_rate if learning_rate is None else learning_rate
@@ -137,7 +154,7 @@ def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Ar
     sft = insight_sft_loss(lp, mb["insight_mask"])
     judge = insight_sft_loss(lp, mb["judge_mask"])
     loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef,
-                       judge=judge, judge_coef=loss_cfg.judge_coef, judge_count=judge_count)  # fmt: skip
+                       judge=judge, judge_sft_coef=loss_cfg.judge_sft_coef, judge_count=judge_count)  # fmt: skip
     aux = {
         "grpo_sum": grpo.loss_sum,
         "clipped": grpo.clipped,
