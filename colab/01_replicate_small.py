@@ -164,7 +164,7 @@ show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
 #
 # `configs/sapi.py` holds the paper's SAPI setup; its `tiny` preset (`configs/base.py:apply_tiny`) shrinks it to a
 # tiny random Qwen 3.5 on the embedded JAX engine: 3 phases of 2 tasks × ≥ 4 attempts, at most 3 actions of
-# 16 + 48 tokens per attempt, rule-based insights (`insight.source="verifier"`: the first failed requirement
+# 16 + 48 tokens per attempt, rule-based insights (`insight.source="rule"`: the first failed requirement
 # turned into a sentence, since a random model cannot write one), and `loss.sft_on_filtered=True` (a random policy
 # never succeeds, so every group has zero advantage and only L_SFT can move it). Every key is documented in
 # `configs/base.py`; `base.override` sets dotted keys, `base.validate` checks ranges and combinations.

@@ -130,7 +130,7 @@ print(f"checkpoints of {WORKDIR}: steps {STEPS} (step 0 = the initial policy, st
 # %% [markdown]
 # ## 1. The saved attempts
 #
-# `load_rollouts(run)` rebuilds every attempt (`RolloutRecord`: phase, attempt, judgement). The run's config is
+# `load_rollouts(run)` rebuilds every attempt (`RolloutRecord`: phase, attempt, writer_output). The run's config is
 # recorded with its checkpoints; it gives the tokenizer and the thinking mode, so contexts can be rebuilt exactly as
 # in training.
 

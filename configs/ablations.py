@@ -166,23 +166,23 @@ _ENTRIES: tuple[Ablation, ...] = (
     Ablation(
         "rltf_fm",
         "Table 8 RLTF-FM: 6.2 % no-insight success over the first 80 updates",
-        {"loss.lam": 0.0, "loss.judge_sft_coef": 0.5},
-        "SFT on π(f | τ): the judge's prompt (task, shortened rollout, failed tests; A.1) followed by an answer that "
-        "is exactly the insight sentence, target = the insight tokens (judge_mask; the judge's think trace and JSON "
+        {"loss.lam": 0.0, "loss.writer_sft_coef": 0.5},
+        "SFT on π(f | τ): the writer's prompt (task, shortened rollout, failed tests; A.1) followed by an answer that "
+        "is exactly the insight sentence, target = the insight tokens (writer_mask; the writer's think trace and JSON "
         "wrapper are not trained, so the term mirrors L_SFT's target). Actor-side L_SFT off. Weight 0.5, the same as "
         "λ (the paper gives none). RLTF's FM trains the critique given the first turn, which is this.",
     ),
     Ablation(
         "selfplay_insight_sft",
         "Table 8 self-play insight SFT: 7.7 % (crashed at update 75)",
-        {"loss.lam": 0.0, "loss.judge_sft_coef": 0.5, "loss.judge_sft_filter": "next_success"},
+        {"loss.lam": 0.0, "loss.writer_sft_coef": 0.5, "loss.writer_sft_filter": "next_success"},
         "As rltf_fm, only on insights after which the next attempt of the task succeeded.",
     ),
-    Ablation("rltldr_rltf_fm", "Table 8 RLTL;DR + RLTF-FM: 15.0 %", {"loss.judge_sft_coef": 0.5}),
+    Ablation("rltldr_rltf_fm", "Table 8 RLTL;DR + RLTF-FM: 15.0 %", {"loss.writer_sft_coef": 0.5}),
     Ablation(
         "rltldr_selfplay_insight_sft",
         "Table 8 RLTL;DR + self-play insight SFT: 15.7 %",
-        {"loss.judge_sft_coef": 0.5, "loss.judge_sft_filter": "next_success"},
+        {"loss.writer_sft_coef": 0.5, "loss.writer_sft_filter": "next_success"},
     ),
     # --- Table 9: insertion schedule, advantages, off-policy, std -------------------------------------
     Ablation("threshold_0.1_lambda_0.1", "Table 9 insert if <= 0.1 running success, λ = 0.1: 14.2 %", {"insight.threshold": 0.1, "loss.lam": 0.1}),

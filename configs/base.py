@@ -28,7 +28,7 @@ from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES
 from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
 from rltldr_jax.models.presets import PRESETS
 from rltldr_jax.sharding import mesh_sizes_error
-from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, JUDGE_SFT_FILTERS
+from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, WRITER_SFT_FILTERS
 from rltldr_jax.train.sft import SFT_DATA
 from rltldr_jax.train.step import OPTIMIZERS, weight_decay_error
 
@@ -111,15 +111,15 @@ def get_config() -> ml_collections.ConfigDict:
     #   | uninformative (a control, not in the paper: the verifier's sentence replaced by one of the same form and
     #     token length that says nothing about the failure; environments with such a control only: craft)
     c.insight.source = "policy"
-    # What goes into the context, from the judge's JSON (Table 3, §6):
+    # What goes into the context, from the writer's JSON (Table 3, §6):
     #   hint (the TL;DR sentence) | feedback (diagnostic paragraph) | summary_feedback
     #   | summary_feedback_code (+ corrected step) | strategy (SGE: summary of the attempt, try something else)
     c.insight.content = "hint"
     c.insight.thinking = True  # the insight writer thinks before answering (Table 3 "thinking")
-    c.insight.show_failed_tests = True  # the judge prompt includes the verifier's failed tests (Table 3)
+    c.insight.show_failed_tests = True  # the writer prompt includes the verifier's failed tests (Table 3)
     c.insight.max_think_tokens = 4096  # insight writer's think budget (A.1)
     c.insight.max_action_tokens = 4096  # insight writer's answer budget (A.1)
-    c.insight.max_rollout_chars = 20000  # the failed rollout is shortened to this in the judge prompt
+    c.insight.max_rollout_chars = 20000  # the failed rollout is shortened to this in the writer prompt
     c.insight.teacher = ml_collections.ConfigDict()
     # The teacher of insight.source=teacher (GLM 5.2 in Table 3) is frozen: it never receives weight pushes.
     c.insight.teacher.checkpoint = ""  # HF checkpoint of the teacher: run on an embedded JaxEngine (Qwen 3.5 family)
@@ -145,8 +145,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.insight_rollouts = "in_context"
     # RLTF-FM / self-play insight SFT (Table 8): NLL of the insight given the failed rollout, π(f | τ), on the
     # insight-writer's context. Weight 0 = off.
-    c.loss.judge_sft_coef = 0.0
-    c.loss.judge_sft_filter = "all"  # all | next_success (only insights after which the next attempt succeeded)
+    c.loss.writer_sft_coef = 0.0
+    c.loss.writer_sft_filter = "all"  # all | next_success (only insights after which the next attempt succeeded)
 
     # --- Optimizer (A.4, Table 4) ----------------------------------------------------------------------
     # Update = clip (grad_clip_norm) -> rule (name) scaled by lr(t), t = optimizer steps taken (skipped non-finite
@@ -299,7 +299,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "insight.source": SOURCES,
     "insight.content": CONTENTS,
     "loss.insight_rollouts": tuple(INSIGHT_ROLLOUTS),
-    "loss.judge_sft_filter": JUDGE_SFT_FILTERS,
+    "loss.writer_sft_filter": WRITER_SFT_FILTERS,
     "optim.name": OPTIMIZERS,
     "engine.kind": ENGINE_KINDS,
     "engine.weights_dtype": WEIGHTS_DTYPES,
@@ -331,7 +331,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "loss.grpo_coef": (0.0, None, True, True),
     "loss.clip_eps": (0.0, 1.0, False, False),
     "loss.positive_ratio": (0.0, 1.0, True, False),
-    "loss.judge_sft_coef": (0.0, None, True, True),
+    "loss.writer_sft_coef": (0.0, None, True, True),
     "optim.learning_rate": (0.0, None, False, True),
     "optim.warmup_steps": (0, None, True, True),
     "optim.b1": (0.0, 1.0, True, False),
@@ -405,8 +405,8 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             f"rollout.group_size={c.rollout.group_size}: nothing can be learned from one attempt per task (its GRPO "
             "advantage is 0, and insights only reach later attempts of the same task); use rollout.group_size >= 2"
         )
-    if c.loss.lam == 0 and c.loss.grpo_coef == 0 and c.loss.judge_sft_coef == 0 and c.mode == "rl":
-        errors.append("loss.lam, loss.grpo_coef and loss.judge_sft_coef are all 0: nothing would be trained")
+    if c.loss.lam == 0 and c.loss.grpo_coef == 0 and c.loss.writer_sft_coef == 0 and c.mode == "rl":
+        errors.append("loss.lam, loss.grpo_coef and loss.writer_sft_coef are all 0: nothing would be trained")
     if c.rollout.thinking and c.rollout.max_think_tokens == 0:
         errors.append("rollout.thinking=True needs rollout.max_think_tokens > 0 (or set rollout.thinking=False)")
     if c.insight.first_k_max_successes > c.insight.first_k:
@@ -537,7 +537,7 @@ def absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 def apply_tiny(c: ml_collections.ConfigDict) -> None:
     """Shrinks any paper config to a tiny random Qwen 3.5 on the embedded engine: a few phases in CPU minutes.
 
-    The insight source is the rule-based `verifier`, so an untrained model still exercises insertion and the
+    The insight source is `rule` (insights by rule from the verifier's report), so an untrained model still exercises insertion and the
     SFT mask.
     """
     override(
@@ -556,7 +556,7 @@ def apply_tiny(c: ml_collections.ConfigDict) -> None:
             "rollout.max_think_tokens": 16,
             "rollout.max_action_tokens": 48,
             "rollout.max_context_tokens": 2048,
-            "insight.source": "verifier",
+            "insight.source": "rule",
             "loss.sft_on_filtered": True,  # a random policy never succeeds: only L_SFT can move it
             "insight.thinking": False,
             "insight.max_think_tokens": 0,

@@ -8,7 +8,7 @@ Every arm is an ordinary RLTL;DR run of the paper's code path (Qwen 3.5 architec
 paper's insight messages, the embedded `JaxEngine`, collector and insertion schedule, `phase_examples`, the
 `Trainer`, evaluation) at a small size: the world is `rltldr_jax/envs/craft.py`, the policy a `replicate_*` preset
 pretrained from scratch on the world's public-rule demonstrations (`pretrain.*`, cached), the insight writer the
-rule-based `verifier` source (a deterministic stand-in for the LLM judge, reading the verifier's failed test).
+`rule` insight source (a deterministic stand-in for an LLM insight writer, reading the verifier's failed test).
 
 What differs from the paper's settings (Table 4), and why:
 - one action per attempt (the whole plan as one code block; thinking off), so a phase is cheap on a CPU;
@@ -96,7 +96,7 @@ def _default(c) -> None:
             "rollout.max_action_tokens": 96,
             "rollout.max_context_tokens": 512,
             "rollout.exact_group_size": True,
-            "insight.source": "verifier",
+            "insight.source": "rule",
             "insight.thinking": False,
             "insight.max_think_tokens": 0,
             "insight.max_action_tokens": 64,

@@ -146,11 +146,11 @@ def rltldr_loss(
     grpo_count: Array | float | None = None,
     sft_count: Array | float | None = None,
     grpo_coef: float = 1.0,
-    judge: SFTTerms | None = None,
-    judge_sft_coef: float = 0.0,
-    judge_count: Array | float | None = None,
+    writer: SFTTerms | None = None,
+    writer_sft_coef: float = 0.0,
+    writer_count: Array | float | None = None,
 ) -> Array:
-    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ judge_sft_coef · judge_sum / judge_count].
+    """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ writer_sft_coef · writer_sum / writer_count].
 
     The counts are those of the *whole update batch* (all micro-batches and devices). They are known from the
     masks before any forward pass, so each micro-batch can be scaled by them and the summed gradients are
@@ -161,7 +161,7 @@ def rltldr_loss(
       lam: λ, the insight internalisation strength (0.5 in the paper).
       grpo_count, sft_count: global token counts of the two terms.
       grpo_coef: weight of the GRPO term (1 in the paper; 0 for the "no GRPO, only L_SFT" row of Table 2).
-      judge, judge_sft_coef, judge_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the
+      writer, writer_sft_coef, writer_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the
         insight tokens in the insight writer's own context), its weight and global count.
 
     Returns:
@@ -170,8 +170,8 @@ def rltldr_loss(
     g = grpo.count if grpo_count is None else grpo_count
     s = sft.count if sft_count is None else sft_count
     loss = grpo_coef * safe_divide(grpo.loss_sum, g) + lam * safe_divide(sft.loss_sum, s)
-    if judge is not None:
-        loss = loss + judge_sft_coef * safe_divide(judge.loss_sum, judge.count if judge_count is None else judge_count)
+    if writer is not None:
+        loss = loss + writer_sft_coef * safe_divide(writer.loss_sum, writer.count if writer_count is None else writer_count)
     return loss
 
 

@@ -1,13 +1,13 @@
 """One tiny phase of every baseline and ablation of configs/ablations.py, checking that the loss terms that must be
 on are on and those that must be off are off (issue: "no SFT gradient when λ = 0; no insight in any context under
-GRPO; the RLTF-FM term only on judge-context tokens"), and the offline SFT rows of Table 2 on saved rollouts.
+GRPO; the RLTF-FM term only on writer-context tokens"), and the offline SFT rows of Table 2 on saved rollouts.
 
 Every RL entry runs `Trainer.run_phase()` on the tiny preset (1 task, 2 attempts of 1 step, tiny budgets; the
 filters are off so that the all-failure group of a random policy still reaches every loss term), then checks:
-- the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + judge_sft_coef·L_judge with the entry's coefficients (one
+- the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + writer_sft_coef·L_writer with the entry's coefficients (one
   optimizer step per phase), so a term whose weight is 0 contributes nothing;
 - what reached each term: insight tokens only when insights are in context (or in insights-only examples for
-  off-policy), judge tokens only with a judge-SFT weight, detached (ratio-free) examples only for RLTF-SD;
+  off-policy), writer tokens only with a writer-SFT weight, detached (ratio-free) examples only for RLTF-SD;
 - what was written and inserted: none under GRPO, SGE summaries of every attempt, each content variant's format.
 """
 
@@ -75,7 +75,7 @@ def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, teacher_dir):
     conditioned = [r for r in rollouts if r["insights"]]
     assert m["update/optimizer_steps"] == 1 and m["rollout/counts/attempts"] == 2
     # The step's loss uses exactly the entry's coefficients: a zero weight means no gradient from that term.
-    expected = c.grpo_coef * m["update/grpo_loss"] + c.lam * m["update/sft_nll"] + c.judge_sft_coef * m["update/judge_sft_nll"]
+    expected = c.grpo_coef * m["update/grpo_loss"] + c.lam * m["update/sft_nll"] + c.writer_sft_coef * m["update/writer_sft_nll"]
     np.testing.assert_allclose(m["update/loss"], expected, rtol=1e-5, atol=1e-6)
     assert m["update/grpo_tokens"] > 0  # the (zero-advantage) actions reach the GRPO term
 
@@ -91,10 +91,10 @@ def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, teacher_dir):
         assert m["filter/examples"] == 2 + len(conditioned) and m["update/sft_tokens"] > 0
     else:  # self_distill: the conditioned attempt trains without ratio, without insight in context
         assert m["update/detached_examples"] == len(conditioned) == 1 and m["update/sft_tokens"] == 0
-    if c.judge_sft_coef > 0 and c.judge_sft_filter == "all":  # RLTF-FM: the insight in the judge's context
-        assert m["filter/judge_examples"] == m["insight/written"] > 0 and m["update/judge_sft_tokens"] > 0
+    if c.writer_sft_coef > 0 and c.writer_sft_filter == "all":  # RLTF-FM: the insight in the writer's context
+        assert m["filter/writer_examples"] == m["insight/written"] > 0 and m["update/writer_sft_tokens"] > 0
     else:  # off, or self-play (only after a next success; a random policy never succeeds)
-        assert m["filter/judge_examples"] == 0 and m["update/judge_sft_tokens"] == 0
+        assert m["filter/writer_examples"] == 0 and m["update/writer_sft_tokens"] == 0
 
     written = [i["text"] for r in conditioned for i in r["insights"]]
     content = config.insight.content
@@ -104,7 +104,7 @@ def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, teacher_dir):
         assert all(t.startswith(("The verifier found", "Make sure")) for t in written)
     elif content.startswith("summary_feedback"):
         assert all(t.startswith("Attempt 1 took") and "\n\n" in t for t in written)
-    elif config.insight.source == "verifier":
+    elif config.insight.source == "rule":
         assert all(t.startswith("Make sure") for t in written)
     assert all(len(r["insights"]) <= config.insight.max_insights for r in rollouts)
 

@@ -21,7 +21,7 @@ from flax import nnx
 
 from rltldr_jax.agent.collector import PhaseResult, save_phase
 from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
-from rltldr_jax.agent.insight import Judgement
+from rltldr_jax.agent.insight import WriterOutput
 from rltldr_jax.analysis import rollouts as ro
 from rltldr_jax.envs.base import Task, Verdict
 from rltldr_jax.tokenization import Insight, Step
@@ -68,7 +68,7 @@ def _attempt(task: Task, index: int, success: bool, insights=(), steps: tuple[St
 
 def _phase(spec) -> PhaseResult:
     """spec: [(task name, [(success, with_insights, written insight or None), ...])] → a PhaseResult."""
-    attempts, judgements = [], []
+    attempts, writer_outputs = [], []
     for name, runs in spec:
         task, written = _task(name), []
         for index, (success, with_insights, insight) in enumerate(runs, 1):
@@ -77,9 +77,9 @@ def _phase(spec) -> PhaseResult:
                 shown = [Insight("An earlier hint.", 1)]
             attempts.append(_attempt(task, index, success, shown))
             if insight is not None:
-                judgements.append((task.task_id, index, Judgement(insight, {"hint": insight}, None, 0, 0)))
+                writer_outputs.append((task.task_id, index, WriterOutput(insight, {"hint": insight}, None, 0, 0)))
                 written.append((index, insight))
-    return PhaseResult(tuple(attempts), tuple(judgements))
+    return PhaseResult(tuple(attempts), tuple(writer_outputs))
 
 
 # Phases 0..3 (halves: 0-1 | 2-3). Success without insight per visit in the comments.
@@ -261,7 +261,7 @@ def reliance_run(tmp_path_factory, tokenizer):
     two = (_step(tok, "Check the docs.", "print(apis)", forced_close=True), _step(tok, "Done.", "apis.done()", obs=None))
     phase0 = PhaseResult(
         (_attempt(r1, 1, F, (), two), _attempt(r1, 2, S, (h1,), two), _attempt(r1, 3, S, (), two)),
-        ((r1.task_id, 1, Judgement(I1, {}, None, 0, 0)),),
+        ((r1.task_id, 1, WriterOutput(I1, {}, None, 0, 0)),),
     )
     one = (_step(tok, "Go.", "apis.go()", obs=None),)
     phase1 = PhaseResult((_attempt(r2, 2, S, (h2, h3), one), _attempt(r2, 3, F, (h2, h3), one)), ())

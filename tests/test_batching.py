@@ -120,28 +120,28 @@ def test_self_distill_uses_the_no_insight_baseline_without_ratio(builder):
     assert np.asarray(batch.detach_ratio).tolist() == [[False, False, True, True, True]]
 
 
-def test_judge_sft_examples_target_the_insight_in_the_judge_context(builder):
-    from rltldr_jax.agent.insight import Judgement
+def test_writer_sft_examples_target_the_insight_in_the_writer_context(builder):
+    from rltldr_jax.agent.insight import WriterOutput
 
     tok = builder.tokenizer
     attempts, hint = _conditioned_phase(tok)
-    judge_prompt = tuple(builder.build("Judge this failed attempt.").ids.tolist())  # ends with an open <think>
-    judgements = [("t/a", 1, Judgement(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=judge_prompt)),
-                  ("t/a", 4, Judgement("Check the totals.", {}, None, 0, 0, prompt_ids=judge_prompt))]  # fmt: skip
-    judge_sft = ExampleConfig(positive_ratio=0.0, judge_sft_coef=0.5)
-    examples, stats = phase_examples(attempts, builder, judge_sft, judgements=judgements)
-    judge = [e for e in examples if e.judge_mask is not None]
-    assert stats.judge_examples == 2 == len(judge)
-    first = judge[0]
-    assert tok.decode(first.ids[first.judge_mask]) == hint.text
-    assert tok.decode(first.ids).endswith("Judge this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
+    writer_prompt = tuple(builder.build("Writer this failed attempt.").ids.tolist())  # ends with an open <think>
+    writer_outputs = [("t/a", 1, WriterOutput(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=writer_prompt)),
+                  ("t/a", 4, WriterOutput("Check the totals.", {}, None, 0, 0, prompt_ids=writer_prompt))]  # fmt: skip
+    writer_sft = ExampleConfig(positive_ratio=0.0, writer_sft_coef=0.5)
+    examples, stats = phase_examples(attempts, builder, writer_sft, writer_outputs=writer_outputs)
+    writer = [e for e in examples if e.writer_mask is not None]
+    assert stats.writer_examples == 2 == len(writer)
+    first = writer[0]
+    assert tok.decode(first.ids[first.writer_mask]) == hint.text
+    assert tok.decode(first.ids).endswith("Writer this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
                                           "Remember to paginate.<|im_end|>")
     assert not first.action_mask.any() and not first.insight_mask.any()
-    next_success = ExampleConfig(positive_ratio=0.0, judge_sft_coef=0.5, judge_sft_filter="next_success")
+    next_success = ExampleConfig(positive_ratio=0.0, writer_sft_coef=0.5, writer_sft_filter="next_success")
     # Self-play insight SFT keeps an insight only if the next attempt succeeded with it in context: attempt 2
     # succeeded without the hint written after attempt 1, and attempt 4 has no successor, so nothing is kept.
-    _, stats = phase_examples(attempts, builder, next_success, judgements=judgements)
-    assert stats.judge_examples == 0
-    judgements.append(("t/a", 2, Judgement(hint.text, {}, None, 0, 0, prompt_ids=judge_prompt)))  # 3 succeeded with it
-    _, stats = phase_examples(attempts, builder, next_success, judgements=judgements)
-    assert stats.judge_examples == 1
+    _, stats = phase_examples(attempts, builder, next_success, writer_outputs=writer_outputs)
+    assert stats.writer_examples == 0
+    writer_outputs.append(("t/a", 2, WriterOutput(hint.text, {}, None, 0, 0, prompt_ids=writer_prompt)))  # 3 succeeded with it
+    _, stats = phase_examples(attempts, builder, next_success, writer_outputs=writer_outputs)
+    assert stats.writer_examples == 1

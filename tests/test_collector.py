@@ -9,7 +9,7 @@ from test_episode import ReplayEngine
 
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.insight import InsightWriter, verifier_insight
+from rltldr_jax.agent.insight import InsightWriter, rule_insight
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.envs import make_env
 from rltldr_jax.envs.sapi.env import SapiEnv
@@ -25,7 +25,7 @@ def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
         builder,
         EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096),
         InsightSchedule("threshold", threshold=0.5),
-        InsightWriter(builder.tokenizer, None, source="verifier"),
+        InsightWriter(builder.tokenizer, None, source="rule"),
         group_size=3,
     )
     result = collector.collect(tasks, phase=0)
@@ -35,12 +35,12 @@ def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
         assert [a.index for a in group] == list(range(1, len(group) + 1))
         for a in group:  # a random policy fails every attempt: attempt k sees the k-1 earlier insights, in order
             assert not a.success and a.end == "malformed"
-            expected = [verifier_insight(earlier.verdict.report) for earlier in group[: a.index - 1]]
+            expected = [rule_insight(earlier.verdict.report) for earlier in group[: a.index - 1]]
             assert [i.text for i in a.insights] == expected and [i.attempt for i in a.insights] == list(range(1, a.index))
-    assert len(result.judgements) == len(result.attempts) and result.parse_failures == 0
+    assert len(result.writer_outputs) == len(result.attempts) and result.parse_failures == 0
     save_phase(tmp_path / "phase0.jsonl", 0, result)
     lines = [json.loads(x) for x in (tmp_path / "phase0.jsonl").read_text().splitlines()]
-    assert len(lines) == len(result.attempts) and all(line["judgement"]["insight"] for line in lines)
+    assert len(lines) == len(result.attempts) and all(line["writer_output"]["insight"] for line in lines)
 
 
 def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
@@ -51,7 +51,7 @@ def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
         collector = Collector(
             engine, lambda: make_env("sapi", step_timeout_s=5.0), builder,
             EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096, seed=7),
-            InsightSchedule("threshold", threshold=0.5), InsightWriter(builder.tokenizer, None, source="verifier"),
+            InsightSchedule("threshold", threshold=0.5), InsightWriter(builder.tokenizer, None, source="rule"),
             group_size=2, exact_group_size=True,
         )  # fmt: skip
         return collector.collect(tasks, phase=3).groups()
@@ -92,7 +92,7 @@ def test_env_and_writer_exceptions_do_not_end_the_phase(builder):
     engine = ReplayEngine([list(action) for _ in range(4)])  # 2 attempts × 2 steps, no think phase
     collector = Collector(
         engine, RaisingEnv, builder, EpisodeConfig(max_steps=2, thinking=False, max_action_tokens=64, max_context_tokens=4096),
-        InsightSchedule("threshold", threshold=0.5), RaisingWriter(builder.tokenizer, None, source="verifier"),
+        InsightSchedule("threshold", threshold=0.5), RaisingWriter(builder.tokenizer, None, source="rule"),
         group_size=2, exact_group_size=True,
     )  # fmt: skip
     result = collector.collect(generate_tasks("train", seed=0, n=60)[:1], phase=0)
@@ -101,5 +101,5 @@ def test_env_and_writer_exceptions_do_not_end_the_phase(builder):
     assert observations == ["error: the environment failed to run this action (RecursionError: maximum recursion depth "
                             "exceeded while decoding a JSON array)"] * 4  # fmt: skip
     assert result.parse_failures == 2
-    errors = [j.parse_error for _, _, j in result.judgements]
+    errors = [j.parse_error for _, _, j in result.writer_outputs]
     assert errors == ["the insight writer failed: RecursionError: maximum recursion depth exceeded"] * 2

@@ -40,7 +40,7 @@ def test_every_preset_validates(env, preset):
     c = base.validate(_config(env, preset))
     assert c.env.name == env
     if preset == "tiny":
-        assert c.model.preset == "tiny" and c.engine.kind == "jax" and c.insight.source == "verifier"
+        assert c.model.preset == "tiny" and c.engine.kind == "jax" and c.insight.source == "rule"
     else:
         assert c.model.preset == "qwen3_5_9b"
 

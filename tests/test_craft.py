@@ -6,7 +6,7 @@ import collections
 import numpy as np
 import pytest
 
-from rltldr_jax.agent.insight import verifier_insight
+from rltldr_jax.agent.insight import rule_insight
 from rltldr_jax.envs import craft, load_tasks, make_env
 from rltldr_jax.envs.base import Task
 
@@ -59,7 +59,7 @@ def test_the_insight_names_the_violated_rule_never_the_solution():
     success, report = run(task, craft.plan("compass", []))
     assert not success
     assert report == '>> Failed Requirement\nassert you have "torch" before gather("iron")'
-    insight = verifier_insight(report)
+    insight = rule_insight(report)
     assert insight == 'Make sure that you have "torch" before gather("iron").'
     # the tool's recipe (the sub-plan that fixes the plan) is not in it
     assert "stick" not in insight and "coal" not in insight and "craft(" not in insight
@@ -86,7 +86,7 @@ def test_every_failure_is_one_requirement(code, failure):
     env.step(code.replace("```python\n", "").replace("\n```", ""))
     verdict = env.verify()
     assert not verdict.success and verdict.failures == (failure,)
-    assert verifier_insight(verdict.report) == f"Make sure that {failure}."
+    assert rule_insight(verdict.report) == f"Make sure that {failure}."
 
 
 def test_plans_are_parsed_never_executed():
@@ -128,7 +128,7 @@ def test_uninformative_insights_have_the_form_and_length_of_real_ones(splits):
     real, control = collections.Counter(), collections.Counter()
     for task in splits["train"][:100]:
         _, report = run(task, craft.plan(task.spec["target"], task.spec["inventory"]))
-        insight = verifier_insight(report)
+        insight = rule_insight(report)
         fake = craft.uninformative_insight(insight, task, seed=3)
         assert fake == craft.uninformative_insight(insight, task, seed=3) and fake != insight
         assert fake.startswith("Make sure that you have ") and " before gather(" in fake

@@ -31,7 +31,7 @@ def test_remote_policy_engines_need_their_servers(tiny_policy, tmp_path):
 
 def test_teacher_from_an_hf_checkpoint_writes_the_insights(tiny_policy, tokenizer, tmp_path):
     """The teacher is its own model on its own engine (a different architecture here: 2 layers), and the insight
-    writer sends the judge prompts there, not to the policy."""
+    writer sends the writer prompts there, not to the policy."""
     policy_model, policy = tiny_policy
     teacher_config = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=())
     save_pretrained(ModelSpec(teacher_config).build(seed=5), tmp_path / "teacher", dtype=None)

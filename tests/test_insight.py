@@ -1,4 +1,4 @@
-"""The insight writer: judge prompt, JSON parsing, content variants, the rule-based verifier source, and one
+"""The insight writer: writer prompt, JSON parsing, content variants, the rule-based rule source, and one
 end-to-end write on a tiny random Qwen 3.5 through the real JaxEngine."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rltldr_jax.agent.insight import (
     FailedAttempt,
     InsightWriter,
     insight_from_fields,
-    parse_judge_output,
-    render_judge_prompt,
-    verifier_insight,
+    parse_writer_output,
+    render_writer_prompt,
+    rule_insight,
 )
 from rltldr_jax.engines.engine import GenerationResult
 from rltldr_jax.envs import leetcode as lc
@@ -46,7 +46,7 @@ def _failed(**kw) -> FailedAttempt:
 
 
 def test_prompt_has_task_steps_shortened_observations_and_the_report():
-    prompt = render_judge_prompt(_failed(), show_failed_tests=True, max_observation_chars=300)
+    prompt = render_writer_prompt(_failed(), show_failed_tests=True, max_observation_chars=300)
     assert prompt.startswith("You are a verifier that is given a step-by-step solution of an agent")
     assert f"for the following task: {TASK.goal}\n" in prompt
     start, end = prompt.index(ROLLOUT_START), prompt.index(ROLLOUT_END)
@@ -60,10 +60,10 @@ def test_prompt_has_task_steps_shortened_observations_and_the_report():
         assert f'"{key}": ' in prompt
     assert prompt.rstrip().endswith("}")
 
-    without = render_judge_prompt(_failed(), show_failed_tests=False, max_observation_chars=300)
+    without = render_writer_prompt(_failed(), show_failed_tests=False, max_observation_chars=300)
     assert "AssertionError" not in without and "workout length" not in without
     assert "Rollout FAILED the verifier tests" in without
-    coding = render_judge_prompt(_failed(task=dataclasses.replace(TASK, env="leetcode")))
+    coding = render_writer_prompt(_failed(task=dataclasses.replace(TASK, env="leetcode")))
     assert "solve a coding problem" in coding and "on-device" not in coding
 
 
@@ -71,12 +71,12 @@ def test_shorten_and_the_rollout_cap():
     assert shorten("abc", 3, marker_in_limit=False) == "abc"
     assert shorten("abcdefghij", 4, marker_in_limit=False) == "ab\n[... 6 characters elided ...]\nij"
     steps = tuple((f"code_{i}()", f"out_{i}") for i in range(1, 41))
-    prompt = render_judge_prompt(_failed(steps=steps), max_rollout_chars=300)
+    prompt = render_writer_prompt(_failed(steps=steps), max_rollout_chars=300)
     rollout = prompt[prompt.index(ROLLOUT_START) : prompt.index(ROLLOUT_END)]
     assert "Step 1:\ncode_1()" in rollout and "Step 40:\ncode_40()\nObservation 40:\nout_40" in rollout
     assert "omitted" in rollout and "Step 20:" not in rollout
     assert len(rollout) < 300 + 200
-    assert "(the agent took no steps)" in render_judge_prompt(_failed(steps=()))
+    assert "(the agent took no steps)" in render_writer_prompt(_failed(steps=()))
 
 
 def test_prompt_ids_are_a_new_conversation(tokenizer):
@@ -111,7 +111,7 @@ PARSE_CASES = [
 
 @pytest.mark.parametrize("text,expected", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES])
 def test_parse_realistic_outputs(text, expected):
-    fields, error = parse_judge_output(text)
+    fields, error = parse_writer_output(text)
     assert error is None and fields == expected
 
 
@@ -127,7 +127,7 @@ def test_parse_realistic_outputs(text, expected):
     ],
 )
 def test_parse_failures(text, why):
-    fields, error = parse_judge_output(text)
+    fields, error = parse_writer_output(text)
     assert fields is None and why in error
 
 
@@ -146,16 +146,16 @@ def test_parse_failures(text, why):
 )
 def test_pathological_answers_fail_fast(text, why):
     start = time.perf_counter()
-    fields, error = parse_judge_output(text)
+    fields, error = parse_writer_output(text)
     assert fields is None and why in error
     assert time.perf_counter() - start < 0.5
 
 
 def test_parse_survives_unclosed_braces_and_apostrophes_in_prose():
     answer = "I'd say { is odd, isn't it? " + ("{" + "[]" * 300) * 6 + 'Here\'s mine: {"hint": "H.", "summary": "S."}'
-    assert parse_judge_output(answer) == ({"hint": "H.", "summary": "S."}, None)
+    assert parse_writer_output(answer) == ({"hint": "H.", "summary": "S."}, None)
     nested = '{"hint": "H.", "x": ' + "[" * 30 + "]" * 30 + "}"  # within the depth limit
-    assert parse_judge_output(nested)[0]["hint"] == "H."
+    assert parse_writer_output(nested)[0]["hint"] == "H."
 
 
 def test_content_variants_select_fields():
@@ -174,7 +174,7 @@ def test_content_variants_select_fields():
         insight_from_fields(GOOD, "corrected")
 
 
-# ------------------------------------------------------------------------------------------------ verifier source
+# ------------------------------------------------------------------------------------------------ rule source
 
 
 def test_verifier_source_on_real_sapi_reports():
@@ -189,7 +189,7 @@ def test_verifier_source_on_real_sapi_reports():
             env.step("apis.supervisor.complete_task()")  # does nothing the task asks for
             verdict = env.verify()
             assert not verdict.success
-            sentence = verifier_insight(verdict.report)
+            sentence = rule_insight(verdict.report)
             requirement = verdict.failures[0].removeprefix("assert ")
             assert sentence.startswith("Make sure that " + requirement), sentence
             assert sentence.endswith(".") and "\n" not in sentence and "assert" not in sentence
@@ -205,7 +205,7 @@ def test_verifier_source_on_collateral_damage_and_appworld_traces():
         "(no collateral changes)\n----------\nAssertionError: got unexpected changes:\ntodo.lists: record 3 changed "
         "color: 'Red' -> 'Blue'\n"
     )
-    assert verifier_insight(report) == (
+    assert rule_insight(report) == (
         "Make sure that no other changes were made to the database than the ones the task asks for (no collateral "
         "changes) (this attempt had unexpected changes:; todo.lists: record 3 changed color: 'Red' -> 'Blue')."
     )
@@ -213,12 +213,12 @@ def test_verifier_source_on_collateral_damage_and_appworld_traces():
         "success": False, "num_tests": 2, "passes": [{"requirement": "assert answers match.", "label": "x"}],
         "failures": [{"requirement": "assert the total was computed.", "trace": "AssertionError: 1592.0 == 1538.0"}],
     })
-    assert verifier_insight(aw.report) == "Make sure that the total was computed."  # AppWorld traces can hold ground truth
+    assert rule_insight(aw.report) == "Make sure that the total was computed."  # AppWorld traces can hold ground truth
 
 
 def test_verifier_source_writes_every_content_variant_by_rule(tokenizer):
-    """The rule-based judge fills summary / feedback / hint, so every Table 3 content variant (and SGE's summaries,
-    also of successes) runs with an untrained model; the judge prompt is recorded for the judge-SFT ablations."""
+    """The rule-based writer fills summary / feedback / hint, so every Table 3 content variant (and SGE's summaries,
+    also of successes) runs with an untrained model; the writer prompt is recorded for the writer-SFT ablations."""
     report = (
         ">> Failed Requirement\nassert the playlist is playing\n----------\nAssertionError: got None\n"
         ">> Failed Requirement\nassert the playlist lasts 45 minutes\n"
@@ -229,20 +229,20 @@ def test_verifier_source_writes_every_content_variant_by_rule(tokenizer):
     expected_summary = "Attempt 2 took 2 steps and called apis.music.search_songs; the verifier rejected it."
     expected_feedback = ("The verifier found 2 failed requirements: assert the playlist is playing; assert the playlist "
                          "lasts 45 minutes.")  # fmt: skip
-    hint = verifier_insight(report)
+    hint = rule_insight(report)
     texts = {
         "hint": hint, "feedback": expected_feedback, "summary_feedback": f"{expected_summary}\n\n{expected_feedback}",
         "summary_feedback_code": f"{expected_summary}\n\n{expected_feedback}", "strategy": expected_summary,
     }  # fmt: skip
     for content, text in texts.items():
-        writer = InsightWriter(tokenizer, None, source="verifier", content=content)
-        judgement = asyncio.run(writer.write(failed))
-        assert judgement.insight == text and judgement.parse_error is None, content
-        assert judgement.prompt_ids == writer.prompt_ids(failed) and judgement.completion_tokens == 0
+        writer = InsightWriter(tokenizer, None, source="rule", content=content)
+        writer_output = asyncio.run(writer.write(failed))
+        assert writer_output.insight == text and writer_output.parse_error is None, content
+        assert writer_output.prompt_ids == writer.prompt_ids(failed) and writer_output.completion_tokens == 0
     succeeded = dataclasses.replace(failed, success=True, report="")
-    sge = asyncio.run(InsightWriter(tokenizer, None, source="verifier", content="strategy").write(succeeded))
+    sge = asyncio.run(InsightWriter(tokenizer, None, source="rule", content="strategy").write(succeeded))
     assert sge.insight == "Attempt 2 took 2 steps and called apis.music.search_songs; the verifier accepted it."
-    assert asyncio.run(InsightWriter(tokenizer, None, source="verifier").write(succeeded)).insight is None
+    assert asyncio.run(InsightWriter(tokenizer, None, source="rule").write(succeeded)).insight is None
 
 
 def _lc_report(statuses, details=(), setup_error=None):
@@ -254,28 +254,28 @@ def _lc_report(statuses, details=(), setup_error=None):
 def test_verifier_source_on_leetcode_reports():
     wrong = _lc_report("PFE", [{"i": 1, "s": "F", "input": "nums = [3, 2, 4], target = 6", "got": "[0, 1]", "expected": "[1, 2]"},
                                {"i": 2, "s": "E", "input": "nums = []", "error": "IndexError: list index out of range"}])
-    sentence = verifier_insight(wrong)
+    sentence = rule_insight(wrong)
     assert sentence == "Make sure your solution returns the correct result for input nums = [3, 2, 4], target = 6 (it returned [0, 1])."
     assert "[1, 2]" not in sentence  # never the expected output
     error = _lc_report("PE", [{"i": 1, "s": "E", "input": "nums = []", "error": "IndexError: list index out of range"}])
-    assert verifier_insight(error) == ("Make sure your solution runs without errors for input nums = [] "
+    assert rule_insight(error) == ("Make sure your solution runs without errors for input nums = [] "
                                        "(it raised IndexError: list index out of range).")
     he = _lc_report("F", [{"i": 0, "s": "F", "input": "assert candidate([1.0, 2.2], 0.05) == False", "got": "True", "expected": "False"}])
-    assert verifier_insight(he) == "Make sure your solution returns the correct result for input candidate([1.0, 2.2], 0.05) (it returned True)."
-    assert verifier_insight(_lc_report("T", [{"i": 0, "s": "T", "input": "n = 10**9"}])) == (
+    assert rule_insight(he) == "Make sure your solution returns the correct result for input candidate([1.0, 2.2], 0.05) (it returned True)."
+    assert rule_insight(_lc_report("T", [{"i": 0, "s": "T", "input": "n = 10**9"}])) == (
         "Make sure your solution is fast enough for input n = 10**9; it exceeded the time limit.")
-    setup = verifier_insight(_lc_report("", setup_error="`Solution` is not defined"))
+    setup = rule_insight(_lc_report("", setup_error="`Solution` is not defined"))
     assert setup.startswith("Make sure your code defines what the tests call") and "`Solution` is not defined" in setup
-    assert verifier_insight("Failed: no code was run.") == "Make sure to write your solution as a Python code block so that it runs."
-    assert "did not finish" in verifier_insight(lc.parse_result("", lc.new_marker(), 3).report)
-    assert verifier_insight("") == "Make sure the attempt fully completes the task as asked."
+    assert rule_insight("Failed: no code was run.") == "Make sure to write your solution as a Python code block so that it runs."
+    assert "did not finish" in rule_insight(lc.parse_result("", lc.new_marker(), 3).report)
+    assert rule_insight("") == "Make sure the attempt fully completes the task as asked."
 
 
 def test_verifier_writer_needs_no_engine(tokenizer):
     writer = InsightWriter.from_config(_tiny_config(), tokenizer, engine=None)
-    judgement = asyncio.run(writer.write(_failed()))
-    assert judgement.insight == "Make sure that the playlist has length >= the workout length (this attempt had length=2712)."
-    assert judgement.parse_error is None and judgement.prompt_tokens == judgement.completion_tokens == 0
+    writer_output = asyncio.run(writer.write(_failed()))
+    assert writer_output.insight == "Make sure that the playlist has length >= the workout length (this attempt had length=2712)."
+    assert writer_output.parse_error is None and writer_output.prompt_tokens == writer_output.completion_tokens == 0
     assert asyncio.run(writer.write(_failed(success=True))).insight is None
 
 
@@ -325,7 +325,7 @@ def test_two_phase_generation_and_a_parsed_insight(tokenizer):
     assert tokenizer.decode(j.completion_ids[8:10]) == "</think>\n\n" and j.forced[8:10] == (True, True)
     assert j.completion_tokens == len(j.completion_ids) - 2
 
-    # Stopping with <|im_end|> inside the think block ends the judgement: no answer phase, a parse error.
+    # Stopping with <|im_end|> inside the think block ends the writer's reply: no answer phase, a parse error.
     engine = ScriptedEngine(tokenizer, ["hmm<|im_end|>"])
     j = asyncio.run(InsightWriter(tokenizer, engine).write(_failed()))
     assert len(engine.requests) == 1 and j.insight is None and "inside the think block" in j.parse_error
@@ -351,7 +351,7 @@ def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
     if j.finish_reason == "length":
         assert j.action_tokens == 16
 
-    # Non-thinking judge, served as a "teacher": one phase only, the closed empty think block in the prompt.
+    # Non-thinking writer, served as a "teacher": one phase only, the closed empty think block in the prompt.
     teacher = InsightWriter(tokenizer, None, source="teacher", teacher_engine=jax_engine, thinking=False,
                             show_failed_tests=False, max_action_tokens=16, max_observation_chars=200)
     j = asyncio.run(teacher.write(failed, seed=1))

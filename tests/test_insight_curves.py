@@ -1,5 +1,5 @@
 """Insight exploration curves (Fig. 11/12): the Pass@k maths of each mode on hand-built records, and an end-to-end
-run of all three modes on the tiny policy (random weights, rule-based verifier insights)."""
+run of all three modes on the tiny policy (random weights, rule-based insights)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import base, sapi
-from rltldr_jax.agent.insight import InsightWriter, verifier_insight
+from rltldr_jax.agent.insight import InsightWriter, rule_insight
 from rltldr_jax.analysis import insight_curves as ic
 from rltldr_jax.envs import make_env
 from rltldr_jax.metrics import AttemptRecord
@@ -127,11 +127,11 @@ def test_insights_in_context_per_mode(curves):
             assert counts == {"iid": [0, 0, 0], "latest": [0, 1, 1], "sequential": [0, 1, 2]}[mode]
             assert counts == [ic.expected_insights(mode, k, 16) for k in (1, 2, 3)]
             for a in group:  # the insight texts are those of the earlier failures: the latest one, or all
-                earlier = [verifier_insight(e.verdict.report) for e in group[: a.index - 1]]
+                earlier = [rule_insight(e.verdict.report) for e in group[: a.index - 1]]
                 want = {"iid": [], "latest": earlier[-1:], "sequential": earlier}[mode]
                 assert [i.text for i in a.insights] == want
         np.testing.assert_allclose(r.mean_insights, {"iid": [0, 0, 0], "latest": [0, 1, 1], "sequential": [0, 1, 2]}[mode])
-        assert len(r.phase.judgements) == (0 if mode == "iid" else 6)
+        assert len(r.phase.writer_outputs) == (0 if mode == "iid" else 6)
     # Same phase tag in every mode: attempt 1 (no insight anywhere) is the same sample (common random numbers).
     firsts = {m: {t: g[0].steps[0].action_ids for t, g in r.phase.groups().items()} for m, r in results.items()}
     assert firsts["iid"] == firsts["latest"] == firsts["sequential"]

@@ -95,10 +95,10 @@ def test_rltldr_loss_combines_normalized_terms():
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_coef=0.0), 1.25, rtol=1e-6)
     # Global denominators replace the micro-batch's own counts.
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_count=14, sft_count=10), 6 / 14 + 0.5 * 5 / 10, rtol=1e-6)
-    # The judge-SFT term of Table 8 (RLTF-FM) adds with its own weight and global count.
-    judge = SFTTerms(jnp.float32(3.0), jnp.float32(4.0))
-    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, judge=judge, judge_sft_coef=0.5), 6 / 7 + 1.25 + 0.5 * 3 / 4, rtol=1e-6)
-    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, judge=judge, judge_sft_coef=0.5, judge_count=6), 6 / 7 + 1.25 + 0.25, rtol=1e-6)
+    # The writer-SFT term of Table 8 (RLTF-FM) adds with its own weight and global count.
+    writer = SFTTerms(jnp.float32(3.0), jnp.float32(4.0))
+    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5), 6 / 7 + 1.25 + 0.5 * 3 / 4, rtol=1e-6)
+    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5, writer_count=6), 6 / 7 + 1.25 + 0.25, rtol=1e-6)
     # A batch without insight tokens: the SFT term is 0, not NaN.
     no_sft = SFTTerms(jnp.float32(0.0), jnp.float32(0.0))
     np.testing.assert_allclose(rltldr_loss(grpo, no_sft, lam=0.5), 6 / 7, rtol=1e-6)

@@ -150,7 +150,7 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     # Notebook 3: the analyses' CSVs (the rule-based insights were classified) and the insight curves.
     analysis = workdir / "analysis"
     saved = [json.loads(line) for p in sorted((workdir / "rollouts").iterdir()) for line in p.read_text().splitlines()]
-    written = [r["judgement"]["insight"] for r in saved if (r.get("judgement") or {}).get("insight")]
+    written = [r["writer_output"]["insight"] for r in saved if (r.get("writer_output") or {}).get("insight")]
     assert len(saved) == 4 and len(written) == 4  # a random policy fails every attempt; each gets an insight
     assert sum(int(r["count"]) for r in _csv(analysis / "categories.csv")) == len(written)
     assert sorted(r["insight"] for r in _csv(analysis / "categories_insights.csv")) == sorted(written)

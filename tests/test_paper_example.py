@@ -35,7 +35,7 @@ from rltldr_jax.train.step import LossConfig, train_step
 
 TASK = Task("playlist", "Start a playlist that's long enough for my workout. My workout plan is in my notes.", "sapi", "train")
 INSIGHTS = ["Remember to paginate search results.", "Sort the notes to find the most recent one."]
-# The judge's hints in order; the third attempt's failure yields a third that no attempt of this phase sees.
+# The writer's hints in order; the third attempt's failure yields a third that no attempt of this phase sees.
 HINTS = [*INSIGHTS, "Check the playlist's total duration before starting it."]
 REPORT = "Failed requirement: a playlist of at least 45 minutes is playing (found: no playlist playing)."
 
@@ -58,20 +58,20 @@ class FailingEnv:
 
 class ScriptedPolicy:
     """The policy's two roles: as the agent it answers without a code block (each attempt fails after one step);
-    as the judge (a fresh chat whose prompt contains the verifier's report) it answers with the next insight."""
+    as the writer (a fresh chat whose prompt contains the verifier's report) it answers with the next insight."""
 
     weight_version = 0
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
-        self.judged = 0
+        self.written = 0
         self.agent_prompts: list[str] = []
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         prompt = self.tok.decode(request.prompt_ids)
-        if REPORT in prompt:  # the judge
-            answer = {"summary": "s", "feedback": "f", "wrong_step_id": 1, "corrected_step": "", "hint": HINTS[self.judged]}
-            self.judged += 1
+        if REPORT in prompt:  # the writer
+            answer = {"summary": "s", "feedback": "f", "wrong_step_id": 1, "corrected_step": "", "hint": HINTS[self.written]}
+            self.written += 1
             text = "```json\n" + json.dumps(answer) + "\n```<|im_end|>"
         else:
             self.agent_prompts.append(prompt)
@@ -92,7 +92,7 @@ def test_failed_attempts_get_the_papers_insights_inserted_and_sft_masked(tiny_po
     result = collector.collect([TASK], phase=0)
     attempts = result.groups()["playlist"]
     assert [len(a.insights) for a in attempts] == [0, 1, 2]  # running success 0 ≤ 0.5 and an insight exists
-    assert [j.insight for _, _, j in result.judgements] == HINTS and result.parse_failures == 0
+    assert [j.insight for _, _, j in result.writer_outputs] == HINTS and result.parse_failures == 0
     assert [i.text for i in attempts[2].insights] == INSIGHTS and [i.attempt for i in attempts[2].insights] == [1, 2]
 
     # The context of the third attempt, as the engine saw it: the task, then one user message per insight.

@@ -114,7 +114,7 @@ def test_arms_insert_what_they_should(smoke_grid):
 
     out, _, _ = smoke_grid
     records = {arm: load_rollouts(os.path.join(out, "runs", f"{arm}-s0")) for arm in ("grpo", "rltldr", "uninformative_insights")}
-    assert not any(r.with_insights or r.judgement for r in records["grpo"])  # GRPO: no insight written or inserted
+    assert not any(r.with_insights or r.writer_output for r in records["grpo"])  # GRPO: no insight written or inserted
     real = [r.written_insight for r in records["rltldr"] if r.written_insight]
     fake = [r.written_insight for r in records["uninformative_insights"] if r.written_insight]
     assert real and fake

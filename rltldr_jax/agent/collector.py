@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rltldr_jax.agent.episode import Attempt, EpisodeConfig, StepRecord, run_attempt, step_seed
-from rltldr_jax.agent.insight import FailedAttempt, InsightWriter, Judgement
+from rltldr_jax.agent.insight import FailedAttempt, InsightWriter, WriterOutput
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, Task, Verdict
@@ -54,10 +54,10 @@ def exact_group_size_error(exact_group_size: bool, workers_per_task: int, *, pre
 
 @dataclasses.dataclass(frozen=True)
 class PhaseResult:
-    """What a phase produced: attempts (in finishing order) and the insight writer's judgements."""
+    """What a phase produced: attempts (in finishing order) and the insight writer's outputs."""
 
     attempts: tuple[Attempt, ...]
-    judgements: tuple[tuple[str, int, Judgement], ...]  # (task_id, attempt index, judgement)
+    writer_outputs: tuple[tuple[str, int, WriterOutput], ...]  # (task_id, attempt index, writer_output)
 
     def groups(self) -> dict[str, list[Attempt]]:
         """Attempts per task (a GRPO group each), in attempt order."""
@@ -72,7 +72,7 @@ class PhaseResult:
 
     @property
     def parse_failures(self) -> int:
-        return sum(j.parse_error is not None for _, _, j in self.judgements)
+        return sum(j.parse_error is not None for _, _, j in self.writer_outputs)
 
 
 class Collector:
@@ -134,14 +134,14 @@ class Collector:
             raise ValueError("the tasks of a phase must be distinct (one group per task)")
         return PendingPhase(self, tasks, phase)
 
-    async def _write(self, failed: FailedAttempt, seed: int, where: str) -> Judgement:
-        """The writer's judgement; an exception there is a parse failure of this attempt (no insight, counted), never
+    async def _write(self, failed: FailedAttempt, seed: int, where: str) -> WriterOutput:
+        """The writer's output; an exception there is a parse failure of this attempt (no insight, counted), never
         the end of the phase."""
         try:
             return await self.writer.write(failed, seed=seed)
         except Exception as e:  # not BaseException: cancellation and interrupts still stop the run
             log.warning("%s: the insight writer raised %s: %s (counted as a parse failure)", where, type(e).__name__, e)
-            return Judgement(None, {}, f"the insight writer failed: {type(e).__name__}: {e}", 0, 0)
+            return WriterOutput(None, {}, f"the insight writer failed: {type(e).__name__}: {e}", 0, 0)
 
     async def collect_async(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
         if not tasks:
@@ -152,7 +152,7 @@ class Collector:
         finished = {t.task_id: 0 for t in tasks}
         started = dict.fromkeys(finished, 0)
         attempts: list[Attempt] = []
-        judgements: list[tuple[str, int, Judgement]] = []
+        writer_outputs: list[tuple[str, int, WriterOutput]] = []
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -182,10 +182,10 @@ class Collector:
                     if self.writer is not None and (not attempt.success or self.insight_after == "any"):
                         failed = dataclasses.replace(attempt.failed_attempt(self.builder), success=attempt.success)
                         seed = step_seed(self.episode.seed, f"insight/{task.task_id}", phase, index, 0)
-                        judgement = await self._write(failed, seed, f"{task.task_id} attempt {index}")
-                        judgements.append((task.task_id, index, judgement))
-                        if judgement.insight:
-                            self.schedule.add_insight(task.task_id, judgement.insight, index)
+                        writer_output = await self._write(failed, seed, f"{task.task_id} attempt {index}")
+                        writer_outputs.append((task.task_id, index, writer_output))
+                        if writer_output.insight:
+                            self.schedule.add_insight(task.task_id, writer_output.insight, index)
             finally:
                 await asyncio.to_thread(env.close)
 
@@ -194,7 +194,7 @@ class Collector:
         finally:
             if bar is not None:
                 bar.close()
-        return PhaseResult(tuple(attempts), tuple(judgements))
+        return PhaseResult(tuple(attempts), tuple(writer_outputs))
 
 
 class PendingPhase:
@@ -347,12 +347,12 @@ def _drop_late_results(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
 
 
 def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None:
-    """Writes a phase's attempts and judgements as JSON lines (the offline SFT baselines and analyses read them)."""
-    judged = {(tid, idx): j for tid, idx, j in result.judgements}
+    """Writes a phase's attempts and the insight writer's outputs as JSON lines (the offline SFT baselines and analyses read them)."""
+    written = {(tid, idx): j for tid, idx, j in result.writer_outputs}
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for a in result.attempts:
-            j = judged.get((a.task.task_id, a.index))
+            j = written.get((a.task.task_id, a.index))
             record: dict[str, Any] = {
                 "phase": phase,
                 "task": json.loads(a.task.to_json()),
@@ -362,7 +362,7 @@ def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None
                 "success": a.success,
                 "verdict": dataclasses.asdict(a.verdict),
                 "steps": [dataclasses.asdict(s) for s in a.steps],
-                "judgement": None if j is None else {"insight": j.insight, "fields": j.fields, "parse_error": j.parse_error},
+                "writer_output": None if j is None else {"insight": j.insight, "fields": j.fields, "parse_error": j.parse_error},
             }
             f.write(json.dumps(record) + "\n")
 
@@ -381,13 +381,13 @@ class RolloutRecord:
     Attributes:
       phase: the collection phase (0-based; the policy that sampled it had weight version `phase`).
       attempt: the attempt (task, 1-based index, insights in context, steps with token ids, end, verdict).
-      judgement: the insight writer's result for this attempt ({"insight", "fields", "parse_error"}), or None
+      writer_output: the insight writer's result for this attempt ({"insight", "fields", "parse_error"}), or None
         when no insight was written for it (a success under RLTL;DR, or no writer).
     """
 
     phase: int
     attempt: Attempt
-    judgement: Mapping[str, Any] | None
+    writer_output: Mapping[str, Any] | None
 
     @property
     def task_id(self) -> str:
@@ -405,7 +405,7 @@ class RolloutRecord:
     @property
     def written_insight(self) -> str | None:
         """The insight written after this attempt (None if none was written or it was empty)."""
-        text = (self.judgement or {}).get("insight")
+        text = (self.writer_output or {}).get("insight")
         return text if isinstance(text, str) and text.strip() else None
 
 
@@ -429,7 +429,8 @@ def record_from_json(raw: Mapping[str, Any]) -> RolloutRecord:
     attempt = Attempt(task, int(raw["attempt"]), insights, steps, raw["end"], verdict)
     if attempt.success != bool(raw["success"]):
         raise ValueError(f"record of {task.task_id} attempt {raw['attempt']}: success {raw['success']} ≠ verdict {verdict.success}")
-    return RolloutRecord(int(raw["phase"]), attempt, raw.get("judgement"))
+    # ("judgement": the key in rollout files written before the insight writer's output was named so)
+    return RolloutRecord(int(raw["phase"]), attempt, raw.get("writer_output", raw.get("judgement")))
 
 
 def rollouts_dir(run: str | os.PathLike) -> str:

@@ -39,7 +39,7 @@ EndReason = Literal["completed", "max_steps", "malformed", "context_full"]
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 # The first user message: the environment's goal with the instructions for acting. The paper's system/task prompt
-# is not published (App. A shows only the judge prompt); these are written for our environments.
+# is not published (App. A shows only the writer prompt); these are written for our environments.
 TASK_PROMPTS = {
     "api": (
         "You are an agent that completes tasks for a user by writing Python code that calls the apps' APIs.\n"

@@ -1,14 +1,14 @@
 """Two-phase generation (think, then act) and the shortening of long texts: shared by the agent's steps and the
 insight writer.
 
-A reply is generated in two phases, for the agent's steps (§3.1) and for the judge that writes the insight
+A reply is generated in two phases, for the agent's steps (§3.1) and for the writer that writes the insight
 (App. A.1) alike: first the think trace within the think budget, stopping at `</think>` or at the end of the turn;
 if the think budget runs out, `</think>\\n\\n` (`Tokenizer.think_close_ids`) is forced — marked `forced`, with
-logprob 0.0, never a training target — and the action (the agent's code, the judge's JSON answer) gets its own
+logprob 0.0, never a training target — and the action (the agent's code, the writer's JSON answer) gets its own
 budget, stopping at the end of the turn. Without thinking (Qwen's closed empty think block is in the prompt),
 only the action phase runs.
 
-Long texts (observations in the agent's context, actions, observations and the verifier's report in the judge
+Long texts (observations in the agent's context, actions, observations and the verifier's report in the writer
 prompt) are shortened by `shorten`, which keeps their head and tail.
 """
 
@@ -32,7 +32,7 @@ def shorten(text: str, max_chars: int, *, marker_in_limit: bool = True) -> str:
       max_chars: the limit.
       marker_in_limit: the marker counts towards `max_chars`, so the result never has more than `max_chars`
         characters (the observations in the agent's context); False keeps `max_chars` characters of `text` and
-        adds the marker on top (the judge prompt's actions, observations and report, A.1).
+        adds the marker on top (the writer prompt's actions, observations and report, A.1).
     """
     if len(text) <= max_chars:
         return text

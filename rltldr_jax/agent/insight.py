@@ -1,8 +1,11 @@
-"""The insight writer: after a failed attempt, a judge reads the rollout and the failed tests and writes a TL;DR.
+"""The insight writer: after a failed attempt, it reads the rollout and the failed tests and writes a TL;DR.
 
-The paper (A.1, "Prompt 1"): the failed rollout goes into the judge
-prompt in a NEW conversation (one user message, to avoid contextual drag), with the task, the agent's actions,
-the observations (shortened if very long) and the verifier's failed tests. The judge first thinks (budget
+Vocabulary: the policy in this role (the paper's "insight generator") is the insight writer, its A.1 prompt (the
+paper's "judge prompt") the writer prompt, what it returns a `WriterOutput`; "verifier" is only the environment's
+test checker (`Env.verify`), and the model-free source that writes insights from its report is `rule`.
+
+The paper (A.1, "Prompt 1"): the failed rollout goes into the writer prompt in a NEW conversation (one user message, to avoid contextual drag), with the task, the agent's actions,
+the observations (shortened if very long) and the verifier's failed tests. The writer first thinks (budget
 4096 tokens), then answers (budget 4096 tokens) with a JSON of five fields: `summary`, `feedback`,
 `wrong_step_id`, `corrected_step`, `hint`. Only `hint` (the one-sentence TL;DR) is used by default; the other
 fields are generated to make the hint more accurate, and Table 3 tries them as the inserted content.
@@ -13,15 +16,15 @@ Variants (configs/base.py `insight.*`, Table 3):
   (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only, inserted under its own
   scaffold, `tokenization.SGE_SCAFFOLD`).
 - source: `policy` (the current policy engine) | `teacher` (another GenerationEngine, e.g. GLM 5.2 served
-  separately) | `verifier` (no model: the judge's fields by rule — hint: the first failed requirement as a
+  separately) | `rule` (no model: the writer's fields by rule from the verifier's report — hint: the first failed requirement as a
   "Make sure that …" sentence; feedback: every failed requirement; summary: the steps taken, the APIs called and
   the outcome; no corrected step — so untrained tiny models exercise insertion, the SFT mask and every content
   variant).
-- thinking on/off, and `show_failed_tests=False` (the judge does not see the failed tests).
+- thinking on/off, and `show_failed_tests=False` (the writer does not see the failed tests).
 
 Generation is two-phase like the episodes (`generation.generate_two_phase`): the think part up to `</think>` within
-the think budget; if the budget runs out, `</think>\\n\\n` is forced (marked in `Judgement.forced`) and the answer
-gets its own budget; generation stops on `<|im_end|>`. A reply whose JSON cannot be read is a `Judgement` with
+the think budget; if the budget runs out, `</think>\\n\\n` is forced (marked in `WriterOutput.forced`) and the answer
+gets its own budget; generation stops on `<|im_end|>`. A reply whose JSON cannot be read is a `WriterOutput` with
 `parse_error` set and no insight: the caller counts it and inserts nothing.
 """
 
@@ -42,12 +45,12 @@ from rltldr_jax.envs.base import Task
 from rltldr_jax.envs.registry import uninformative_insight
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer
 
-SOURCES = ("policy", "teacher", "verifier", "uninformative")
+SOURCES = ("policy", "teacher", "rule", "uninformative")
 CONTENTS = ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy")
-JUDGE_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
+WRITER_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
 
 # ----------------------------------------------------------------------------------------------------
-# The judge prompt (A.1, Prompt 1)
+# The writer prompt (A.1, Prompt 1)
 # ----------------------------------------------------------------------------------------------------
 
 # GUESS: the PDF extraction prints "======== AGENT ROLLOUT ========" and "== END OF AGENT ROLLOUT"; the number of
@@ -154,7 +157,7 @@ _VERIFIER_OUTPUT = "The verifier code ran and returned this output:\n"
 _FAILED = "Rollout FAILED the following verifier tests:\n"
 # GUESS (after = "any", SGE): the paper shows only the failed case.
 _PASSED = "Rollout PASSED all verifier tests:\n"
-# GUESS ("Student, no info about failed unit tests", Table 3): the judge learns that the attempt failed, not which
+# GUESS ("Student, no info about failed unit tests", Table 3): the writer learns that the attempt failed, not which
 # tests failed. The wording is ours.
 _FAILED_NO_REPORT = "Rollout FAILED the verifier tests (which tests failed is not shown).\n"
 _PASSED_NO_REPORT = "Rollout PASSED all verifier tests.\n"
@@ -212,14 +215,14 @@ def _render_rollout(steps: Sequence[tuple[str, str]], max_observation_chars: int
     return shorten(text, max_rollout_chars, marker_in_limit=False)
 
 
-def render_judge_prompt(
+def render_writer_prompt(
     failed: FailedAttempt,
     *,
     show_failed_tests: bool = True,
     max_observation_chars: int = 4000,
     max_rollout_chars: int = 20000,
 ) -> str:
-    """The text of the judge's single user message (Prompt 1), for `failed`.
+    """The text of the writer's single user message (Prompt 1), for `failed`.
 
     The verifier's report is included exactly when `show_failed_tests`; the LeetCode variant is used for
     `task.env == "leetcode"`.
@@ -243,7 +246,7 @@ def render_judge_prompt(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing the judge's reply
+# Parsing the writer's reply
 # ----------------------------------------------------------------------------------------------------
 
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
@@ -346,12 +349,12 @@ def _normalize(obj: Mapping[Any, Any]) -> dict[str, Any]:
     return fields
 
 
-def parse_judge_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The judge's JSON fields from its raw reply, or (None, why) when there is no readable JSON object.
+def parse_writer_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The writer's JSON fields from its raw reply, or (None, why) when there is no readable JSON object.
 
     Tolerates a think block (only the text after the last `</think>` is read), code fences, text before or after
     the JSON, trailing commas and single-quoted (Python-literal) objects. Among several objects, the one with the
-    most of the five judge keys wins (the later one on ties). Keys are lower-cased; a numeric `wrong_step_id`
+    most of the five writer keys wins (the later one on ties). Keys are lower-cased; a numeric `wrong_step_id`
     string becomes an int. Bounded: an answer longer than `_MAX_ANSWER_CHARS` or nesting brackets deeper than
     `_MAX_DEPTH` is (None, why) without any JSON parsing; the time is linear in the answer's length.
     """
@@ -371,13 +374,13 @@ def parse_judge_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
         obj = _loads(answer[start:end])
         if isinstance(obj, dict):
             fields = _normalize(obj)
-            candidates.append((sum(k in fields for k in JUDGE_KEYS), start, fields))
+            candidates.append((sum(k in fields for k in WRITER_KEYS), start, fields))
             covered_end = end
     if not candidates:
         return None, "no JSON object in the answer"
     best = max(candidates, key=lambda c: (c[0], c[1]))
     if best[0] == 0:
-        return None, f"the JSON has none of the keys {', '.join(JUDGE_KEYS)}"
+        return None, f"the JSON has none of the keys {', '.join(WRITER_KEYS)}"
     return best[2], None
 
 
@@ -387,11 +390,11 @@ def _text_field(fields: Mapping[str, Any], key: str) -> str:
 
 
 def insight_from_fields(fields: Mapping[str, Any], content: str) -> tuple[str | None, str | None]:
-    """The inserted text for `content` (Table 3) from the judge's fields, or (None, why) if a needed field is
+    """The inserted text for `content` (Table 3) from the writer's fields, or (None, why) if a needed field is
     missing or empty.
 
     hint: the TL;DR sentence, on one line. feedback: the diagnostic paragraph. summary_feedback: summary, blank line,
-    feedback. summary_feedback_code: that plus the corrected step as a code block (omitted when the judge gave none).
+    feedback. summary_feedback_code: that plus the corrected step as a code block (omitted when the writer gave none).
     strategy (SGE): the summary.
     """
     if content not in CONTENTS:
@@ -405,7 +408,7 @@ def insight_from_fields(fields: Mapping[str, Any], content: str) -> tuple[str | 
     }[content]
     missing = [k for k in needed if not _text_field(fields, k)]
     if missing:
-        return None, f"missing or empty field {', '.join(map(repr, missing))} in the judge's JSON"
+        return None, f"missing or empty field {', '.join(map(repr, missing))} in the writer's JSON"
     if content == "hint":
         return " ".join(_text_field(fields, "hint").split()), None
     if content in ("feedback", "strategy"):
@@ -421,7 +424,7 @@ def insight_from_fields(fields: Mapping[str, Any], content: str) -> tuple[str | 
 
 
 # ----------------------------------------------------------------------------------------------------
-# The rule-based insight (source = "verifier")
+# The rule-based insight (source = "rule")
 # ----------------------------------------------------------------------------------------------------
 
 _LC_TEST = re.compile(r"^Test (\d+) \(([^)]*)\):?\s*$")
@@ -513,8 +516,8 @@ _API_CALL = re.compile(r"\bapis\.(\w+)\.(\w+)\s*\(")
 _ANY_FENCE = re.compile(r"```")
 
 
-def verifier_fields(failed: FailedAttempt) -> dict[str, Any]:
-    """The judge's JSON fields written by rule (source="verifier"): hint, feedback, summary; no corrected step."""
+def rule_fields(failed: FailedAttempt) -> dict[str, Any]:
+    """The writer's JSON fields written by rule (source="rule"): hint, feedback, summary; no corrected step."""
     n = len(failed.steps)
     calls = list(dict.fromkeys(f"apis.{a}.{f}" for action, _ in failed.steps for a, f in _API_CALL.findall(action)))
     with_code = sum(bool(_ANY_FENCE.search(action)) for action, _ in failed.steps)
@@ -529,12 +532,12 @@ def verifier_fields(failed: FailedAttempt) -> dict[str, Any]:
         feedback = f"The verifier found {len(failures)} failed requirement{'s' if len(failures) != 1 else ''}: " + "; ".join(
             _clip(f) for f in failures[:5]) + ("; …" if len(failures) > 5 else "") + "."
     else:
-        feedback = verifier_insight(failed.report)
-    hint = "" if failed.success else verifier_insight(failed.report)
+        feedback = rule_insight(failed.report)
+    hint = "" if failed.success else rule_insight(failed.report)
     return {"summary": summary, "feedback": feedback, "wrong_step_id": 0, "corrected_step": "", "hint": hint}
 
 
-def verifier_insight(report: str) -> str:
+def rule_insight(report: str) -> str:
     """A one-sentence insight from the verifier's report by rule (no model): its first failed requirement.
 
     AppWorld/SAPI reports: "assert X" becomes "Make sure that X", with the agent's value when the report gives it
@@ -558,22 +561,22 @@ def verifier_insight(report: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Judgement:
+class WriterOutput:
     """The insight writer's result for one attempt.
 
     Attributes:
       insight: the text to insert (per `content`), or None (parse failure, empty hint, successful attempt).
-      fields: the judge's JSON fields (keys lower-cased); `verifier_fields` for the verifier source.
+      fields: the writer's JSON fields (keys lower-cased); `rule_fields` for the rule source.
       parse_error: why there is no insight, or None.
-      prompt_tokens: length of the judge prompt the model read (0 for the verifier source, where no model runs).
-      completion_tokens: tokens the judge sampled (think + answer; forced tokens not counted).
+      prompt_tokens: length of the writer prompt the model read (0 for the rule source, where no model runs).
+      completion_tokens: tokens the writer sampled (think + answer; forced tokens not counted).
       think_tokens, action_tokens: the sampled tokens of each phase (each within its budget).
       text: the decoded reply (think block included).
-      prompt_ids, completion_ids: the judge's context ids, as the engine saw and produced them (for RLTF-FM /
-        judge SFT and for saved rollouts); `forced` flags the harness-inserted `</think>\\n\\n`.
+      prompt_ids, completion_ids: the writer's context ids, as the engine saw and produced them (for RLTF-FM /
+        writer SFT and for saved rollouts); `forced` flags the harness-inserted `</think>\\n\\n`.
       logprobs: per completion id, its sampling logprob (0.0 for forced ids).
-      finish_reason: of the last generation call ("stop", "length", "abort"; "" for the verifier source).
-      weight_version: the engine's weight version that produced the last token (-1 for the verifier source).
+      finish_reason: of the last generation call ("stop", "length", "abort"; "" for the rule source).
+      weight_version: the engine's weight version that produced the last token (-1 for the rule source).
     """
 
     insight: str | None
@@ -593,19 +596,19 @@ class Judgement:
 
 
 class InsightWriter:
-    """Writes the insight of one attempt: judge prompt → two-phase generation → JSON → content variant.
+    """Writes the insight of one attempt: writer prompt → two-phase generation → JSON → content variant.
 
     Args:
       tokenizer: the policy's tokenizer (Qwen chat format).
-      engine: the policy's GenerationEngine (the judge is the policy itself, A.1).
-      source: policy | teacher | verifier (see the module docstring).
+      engine: the policy's GenerationEngine (the writer is the policy itself, A.1).
+      source: policy | teacher | rule | uninformative (see the module docstring).
       content: hint | feedback | summary_feedback | summary_feedback_code | strategy.
-      thinking: the judge thinks first (think budget), or answers directly (Qwen's closed empty think block).
-      show_failed_tests: the judge prompt includes the verifier's report (config `insight.show_failed_tests`).
+      thinking: the writer thinks first (think budget), or answers directly (Qwen's closed empty think block).
+      show_failed_tests: the writer prompt includes the verifier's report (config `insight.show_failed_tests`).
       max_think_tokens, max_action_tokens: the two budgets (4096 each in the paper).
       max_observation_chars: each action and observation longer than this is shortened (middle elided).
       max_rollout_chars: the whole rollout (and the report) are shortened to about this many characters.
-      temperature: sampling temperature of the judge.
+      temperature: sampling temperature of the writer.
       teacher_engine: the teacher's engine (required for source="teacher").
       teacher_tokenizer: the teacher's tokenizer if it differs from the policy's (it must use the same ChatML
         format; default: `tokenizer`).
@@ -671,8 +674,8 @@ class InsightWriter:
         )
 
     def prompt(self, failed: FailedAttempt) -> str:
-        """The judge's user message for `failed`."""
-        return render_judge_prompt(
+        """The writer's user message for `failed`."""
+        return render_writer_prompt(
             failed, show_failed_tests=self.show_failed_tests, max_observation_chars=self.max_observation_chars,
             max_rollout_chars=self.max_rollout_chars,
         )
@@ -682,23 +685,23 @@ class InsightWriter:
         block when not thinking): a new conversation with one user message."""
         return tuple(int(i) for i in self.builder.build(self.prompt(failed)).ids)
 
-    async def write(self, failed: FailedAttempt, *, seed: int | None = None) -> Judgement:
-        """The judgement of `failed`: the insight (or why there is none) and the judge's tokens.
+    async def write(self, failed: FailedAttempt, *, seed: int | None = None) -> WriterOutput:
+        """The insight writer's output for `failed`: the insight (or why there is none) and the writer's tokens.
 
-        `seed` makes the judge's sampling reproducible (the answer phase uses seed + 1).
+        `seed` makes the writer's sampling reproducible (the answer phase uses seed + 1).
         """
-        if self.source in ("verifier", "uninformative"):
-            # No model runs; the judge context is still recorded (the judge-SFT ablations of Table 8 train on it).
+        if self.source in ("rule", "uninformative"):
+            # No model runs; the writer context is still recorded (the writer-SFT ablations of Table 8 train on it).
             prompt = self.prompt_ids(failed)
             if failed.success and self.content != "strategy":
-                return Judgement(None, {}, "the attempt succeeded: no failed requirement", 0, 0, prompt_ids=prompt)
+                return WriterOutput(None, {}, "the attempt succeeded: no failed requirement", 0, 0, prompt_ids=prompt)
             # Without the failed-test information (Table 3), the rule has no report to read: generic sentences.
-            fields = verifier_fields(failed if self.show_failed_tests else dataclasses.replace(failed, report=""))
+            fields = rule_fields(failed if self.show_failed_tests else dataclasses.replace(failed, report=""))
             insight, error = insight_from_fields(fields, self.content)
             if insight and self.source == "uninformative":  # the control: same form and length, no information
                 insight = uninformative_insight(failed.task.env)(insight, failed.task, seed or 0)
                 fields = {**fields, "hint": insight}
-            return Judgement(insight, fields, error, 0, 0, prompt_ids=prompt)
+            return WriterOutput(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer
         prompt = self.prompt_ids(failed)
         # A think phase that ended the turn inside the think block, or was aborted, has no answer phase.
@@ -711,14 +714,14 @@ class InsightWriter:
         text = tok.decode(reply.ids)
         insight = None
         if reply.acted:
-            fields, error = parse_judge_output(text)
-        else:  # the judge ended (or was aborted) inside its think block: there is no answer
+            fields, error = parse_writer_output(text)
+        else:  # the writer ended (or was aborted) inside its think block: there is no answer
             fields, error = None, f"no answer: generation ended inside the think block ({finish})"
         if fields is not None:
             insight, error = insight_from_fields(fields, self.content)
         if error and finish == "length":
             error += " (the answer budget ran out)"
-        return Judgement(
+        return WriterOutput(
             insight=insight,
             fields=fields or {},
             parse_error=error,

@@ -136,7 +136,7 @@ class CurveResult:
       pass_at_k: [max_k] Pass@k for k = 1..max_k.
       n_tasks: tasks counted (those with at least max_k attempts).
       mean_insights: [max_k] mean number of insights in context at attempt k over those tasks.
-      phase: the collector's result (attempts with their contexts' insights, judgements).
+      phase: the collector's result (attempts with their contexts' insights, writer_outputs).
     """
 
     mode: str

@@ -16,7 +16,7 @@ which needs the policy):
 
 Vocabulary: a *visit* is one task in one collection phase (a phase holds each of its tasks once, so a task
 revisited in a later phase has a new visit); the *insights of a visit* are those the insight writer wrote
-after the visit's attempts (the records' `judgement.insight`), not the insights shown in context (which are a
+after the visit's attempts (the records' `writer_output.insight`), not the insights shown in context (which are a
 subset of the same phase's written ones, repeated in every later attempt).
 """
 
@@ -378,7 +378,7 @@ def insight_categories(records: Sequence[RolloutRecord], *, unique: bool = False
     """Shares of the written insights per correction category (Table 5).
 
     Args:
-      records: the run's records; every written insight (`judgement.insight`) is classified once.
+      records: the run's records; every written insight (`writer_output.insight`) is classified once.
       unique: count each distinct insight text once (per task) instead of every time it was written.
 
     Raises:
@@ -389,7 +389,7 @@ def insight_categories(records: Sequence[RolloutRecord], *, unique: bool = False
         seen: set[tuple[str, str]] = set()
         items = [it for it in items if (it[0], it[2]) not in seen and not seen.add((it[0], it[2]))]
     if not items:
-        raise ValueError("the rollouts hold no written insight (judgement.insight): was the run trained without an "
+        raise ValueError("the rollouts hold no written insight (writer_output.insight): was the run trained without an "
                          "insight writer (insight.schedule='never', the GRPO baseline)?")  # fmt: skip
     classified = tuple((tid, classify_insight(t), p, t) for tid, p, t in items)
     counts = {name: 0 for name in CATEGORY_NAMES}

@@ -126,7 +126,7 @@ def teacher_engine(config: EngineConfig) -> tuple[GenerationEngine | None, Token
 
     `teacher.checkpoint`: an HF directory run on an embedded JaxEngine (a Qwen 3.5-family model; its tokenizer is
     `teacher.tokenizer`, else the directory's tokenizer.json, else the policy's). `teacher.servers`: gRPC servers
-    already serving the teacher (any model SGLang serves; it must speak ChatML, the judge prompt's format);
+    already serving the teacher (any model SGLang serves; it must speak ChatML, the writer prompt's format);
     tokenizer from `teacher.tokenizer`, else the policy's.
     """
     t = config.teacher
@@ -156,7 +156,7 @@ def teacher_engine(config: EngineConfig) -> tuple[GenerationEngine | None, Token
         tokenizer = load_tokenizer(t.tokenizer or t.checkpoint)
     else:
         tokenizer = None  # the policy's
-    # The same context limit as the policy's engine, which serves the judge prompts when source="policy".
+    # The same context limit as the policy's engine, which serves the writer prompts when source="policy".
     engine = JaxEngine(
         model, max_batch=config.max_batch, max_len=config.max_context_tokens, **config.jax_engine_options()
     )

@@ -17,7 +17,7 @@ right before). The public planner (`plan`) knows only the public recipes, so its
 recipe tree gathers a gated item without its tool: those are the *hard* tasks.
 
 **Verifier and insights.** `CraftEnv.verify` replays the plan and reports the first failed requirement in the SAPI/AppWorld
-report format (`>> Failed Requirement` / `assert ...`); the rule-based insight source (`insight.source=verifier`)
+report format (`>> Failed Requirement` / `assert ...`); the rule-based insight source (`insight.source=rule`)
 turns it into the TL;DR sentence, e.g. ``Make sure that you have "torch" before gather("iron").`` The insight names
 the missing item and the action it gates — with the same tokens the plan uses for them — never the sub-plan.
 Observations only say which line failed, never why: the reason is privileged, as the paper's failed unit tests.
@@ -369,7 +369,7 @@ class CraftEnv:
 
 
 def insight_text(req: str) -> str:
-    """A requirement as the rule-based insight writer phrases it (`agent.insight.verifier_insight`)."""
+    """A requirement as the rule-based insight writer phrases it (`agent.insight.rule_insight`)."""
     return f"Make sure that {req}."
 
 

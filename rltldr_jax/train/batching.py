@@ -16,11 +16,11 @@ GRPO" ablation), where insight-conditioned attempts stay in as SFT-only examples
 How insight-conditioned attempts enter the update (`loss.insight_rollouts`, Table 1 / Table 9) is a rollout mode:
 a small class with its advantages and its examples (`InContext`, `OffPolicy`, `SelfDistill`: see their
 docstrings), registered by name in `INSIGHT_ROLLOUTS`; a new baseline is one class and one entry there.
-Judge SFT (Table 8, RLTF-FM / self-play insight SFT, `judge_examples`) adds to any mode: the insight in the
-insight writer's own context (A.1 prompt with the failed rollout and report), π(f | τ), as `judge_mask` targets.
+Writer SFT (Table 8, RLTF-FM / self-play insight SFT, `writer_examples`) adds to any mode: the insight in the
+insight writer's own context (A.1 prompt with the failed rollout and report), π(f | τ), as `writer_mask` targets.
 
     config = ExampleConfig.from_config(run_config)                  # the loss.* keys, built once
-    examples, stats = phase_examples(attempts, builder, config, judgements=..., seed=...)
+    examples, stats = phase_examples(attempts, builder, config, writer_outputs=..., seed=...)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
 from rltldr_jax.envs.base import Task
-from rltldr_jax.agent.insight import Judgement
+from rltldr_jax.agent.insight import WriterOutput
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 from rltldr_jax.train.step import TrainBatch
@@ -43,10 +43,10 @@ from rltldr_jax.train.step import TrainBatch
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One step of one attempt (or one judge context), ready for the loss. Arrays are [T].
+    """One step of one attempt (or one writer context), ready for the loss. Arrays are [T].
 
-    `judge_mask` marks insight-generator SFT targets (None: none); `detach_ratio` trains the action tokens
-    without importance ratio (RLTF-SD); `step` is -1 for SFT-only prefix and judge examples.
+    `writer_mask` marks insight-generator SFT targets (None: none); `detach_ratio` trains the action tokens
+    without importance ratio (RLTF-SD); `step` is -1 for SFT-only prefix and writer examples.
     """
 
     ids: np.ndarray
@@ -57,7 +57,7 @@ class Example:
     task_id: str
     attempt: int
     step: int
-    judge_mask: np.ndarray | None = None
+    writer_mask: np.ndarray | None = None
     detach_ratio: bool = False
 
     def __len__(self) -> int:
@@ -97,11 +97,11 @@ def insight_prefix_example(task: Task, insights: Sequence[Insight], builder: Con
     return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, attempt, -1)
 
 
-def judge_examples(
-    attempts: Sequence[Attempt], judgements: Sequence[tuple[str, int, Judgement]], builder: ContextBuilder, *, only_next_success: bool = False
+def writer_examples(
+    attempts: Sequence[Attempt], writer_outputs: Sequence[tuple[str, int, WriterOutput]], builder: ContextBuilder, *, only_next_success: bool = False
 ) -> list[Example]:
-    """Insight-generator SFT examples (Table 8): the judge's prompt (task, failed rollout, report), then an answer
-    that is exactly the insight; `judge_mask` on the insight tokens.
+    """Insight-generator SFT examples (Table 8): the writer's prompt (task, failed rollout, report), then an answer
+    that is exactly the insight; `writer_mask` on the insight tokens.
 
     Args:
       only_next_success: self-play insight SFT: only insights after which the task's next attempt (in the same
@@ -110,22 +110,22 @@ def judge_examples(
     tok = builder.tokenizer
     by_key = {(a.task.task_id, a.index): a for a in attempts}
     out = []
-    for task_id, index, judgement in judgements:
-        if not judgement.insight or not judgement.prompt_ids:
+    for task_id, index, writer_output in writer_outputs:
+        if not writer_output.insight or not writer_output.prompt_ids:
             continue
         if only_next_success:
             nxt = by_key.get((task_id, index + 1))
-            if nxt is None or not nxt.success or judgement.insight not in [i.text for i in nxt.insights]:
+            if nxt is None or not nxt.success or writer_output.insight not in [i.text for i in nxt.insights]:
                 continue
-        prompt = list(judgement.prompt_ids)
+        prompt = list(writer_output.prompt_ids)
         if tok.think_end_id not in prompt[-3:]:  # an open think block: close it (the think trace is not trained)
             prompt += tok.think_close_ids
-        target = tok.encode(judgement.insight)
+        target = tok.encode(writer_output.insight)
         ids = np.array([*prompt, *target, tok.im_end_id], np.int32)
         mask = np.zeros(len(ids), bool)
         mask[len(prompt) : len(prompt) + len(target)] = True
         n = len(ids)
-        out.append(Example(ids, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), 0.0, task_id, index, -1, judge_mask=mask))
+        out.append(Example(ids, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), 0.0, task_id, index, -1, writer_mask=mask))
     return out
 
 
@@ -225,8 +225,8 @@ INSIGHT_ROLLOUTS: dict[str, type[RolloutMode]] = {
     "self_distill": SelfDistill,
 }
 
-#: Values of `loss.judge_sft_filter`: every insight, or only those after which the task's next attempt succeeded.
-JUDGE_SFT_FILTERS = ("all", "next_success")
+#: Values of `loss.writer_sft_filter`: every insight, or only those after which the task's next attempt succeeded.
+WRITER_SFT_FILTERS = ("all", "next_success")
 
 
 def _rewards(attempts: Sequence[Attempt]) -> np.ndarray:
@@ -258,8 +258,8 @@ class ExampleConfig:
       split_advantages: insight-conditioned and unconditioned attempts of a task form separate groups (Table 9).
       sft_on_filtered: keep dropped insight-conditioned attempts as SFT-only examples (not in the paper).
       insight_rollouts: the rollout mode, a key of `INSIGHT_ROLLOUTS`.
-      judge_sft_coef: weight of judge SFT (Table 8); > 0 adds the judge-SFT examples.
-      judge_sft_filter: which insights judge SFT trains on, one of `JUDGE_SFT_FILTERS`.
+      writer_sft_coef: weight of writer SFT (Table 8); > 0 adds the writer-SFT examples.
+      writer_sft_filter: which insights writer SFT trains on, one of `WRITER_SFT_FILTERS`.
     """
 
     lam: float = 0.5
@@ -270,15 +270,15 @@ class ExampleConfig:
     split_advantages: bool = False
     sft_on_filtered: bool = False
     insight_rollouts: str = "in_context"
-    judge_sft_coef: float = 0.0
-    judge_sft_filter: str = "all"
+    writer_sft_coef: float = 0.0
+    writer_sft_filter: str = "all"
 
     def __post_init__(self):
         if self.insight_rollouts not in INSIGHT_ROLLOUTS:
             raise ValueError(f"insight_rollouts={self.insight_rollouts!r}; choose one of {', '.join(INSIGHT_ROLLOUTS)}")
-        if self.judge_sft_filter not in JUDGE_SFT_FILTERS:
+        if self.writer_sft_filter not in WRITER_SFT_FILTERS:
             raise ValueError(
-                f"judge_sft_filter={self.judge_sft_filter!r}; choose one of {', '.join(JUDGE_SFT_FILTERS)}"
+                f"writer_sft_filter={self.writer_sft_filter!r}; choose one of {', '.join(WRITER_SFT_FILTERS)}"
             )
 
     @classmethod
@@ -288,7 +288,7 @@ class ExampleConfig:
         return cls(
             lam=c.lam, grpo_coef=c.grpo_coef, std_normalize=c.std_normalize, filter_zero_advantage=c.filter_zero_advantage,
             positive_ratio=c.positive_ratio, split_advantages=c.split_advantages, sft_on_filtered=c.sft_on_filtered,
-            insight_rollouts=c.insight_rollouts, judge_sft_coef=c.judge_sft_coef, judge_sft_filter=c.judge_sft_filter,
+            insight_rollouts=c.insight_rollouts, writer_sft_coef=c.writer_sft_coef, writer_sft_filter=c.writer_sft_filter,
         )  # fmt: skip
 
     @property
@@ -312,7 +312,7 @@ class ExampleStats:
     zero_advantage_groups: int
     sft_only_attempts: int
     examples: int
-    judge_examples: int = 0
+    writer_examples: int = 0
 
 
 def phase_examples(
@@ -320,27 +320,27 @@ def phase_examples(
     builder: ContextBuilder,
     config: ExampleConfig = ExampleConfig(),
     *,
-    judgements: Sequence[tuple[str, int, Judgement]] = (),
+    writer_outputs: Sequence[tuple[str, int, WriterOutput]] = (),
     seed: int = 0,
 ) -> tuple[list[Example], ExampleStats]:
     """Advantages per group, the filters, then the rollout mode's examples of every kept attempt (in task, attempt
     order), the SFT-only examples of dropped insight-conditioned ones (`ExampleConfig.keep_filtered_as_sft`), and
-    last the judge-SFT examples (when `judge_sft_coef` > 0).
+    last the writer-SFT examples (when `writer_sft_coef` > 0).
 
     Args:
       attempts: a phase's attempts (any order).
-      config: the advantages, filters, rollout mode and judge SFT.
-      judgements: the phase's (task_id, attempt index, judgement), for judge SFT.
+      config: the advantages, filters, rollout mode and writer SFT.
+      writer_outputs: the phase's (task_id, attempt index, writer_output), for writer SFT.
       seed: positive-ratio filter sampling.
     """
     mode = config.rollout_mode
     attempts = sorted(attempts, key=lambda a: (a.task.task_id, a.index))
-    judge: list[Example] = []
-    if config.judge_sft_coef > 0:
-        only_next_success = config.judge_sft_filter == "next_success"
-        judge = judge_examples(attempts, judgements, builder, only_next_success=only_next_success)
+    writer: list[Example] = []
+    if config.writer_sft_coef > 0:
+        only_next_success = config.writer_sft_filter == "next_success"
+        writer = writer_examples(attempts, writer_outputs, builder, only_next_success=only_next_success)
     if not attempts:
-        return judge, ExampleStats(0, 0, 0, 0, len(judge), len(judge))
+        return writer, ExampleStats(0, 0, 0, 0, len(writer), len(writer))
     keys = [(a.task.task_id, bool(a.insights) if config.split_advantages else False) for a in attempts]
     group_of = {key: g for g, key in enumerate(dict.fromkeys(keys))}
     groups = np.array([group_of[k] for k in keys])
@@ -359,8 +359,8 @@ def phase_examples(
         elif config.keep_filtered_as_sft and a.insights:
             examples += mode.sft_only_examples(a, builder)
             sft_only += 1
-    examples += judge
-    return examples, ExampleStats(len(attempts), int(keep.sum()), zero_groups, sft_only, len(examples), len(judge))
+    examples += writer
+    return examples, ExampleStats(len(attempts), int(keep.sum()), zero_groups, sft_only, len(examples), len(writer))
 
 
 def pack(
@@ -384,14 +384,14 @@ def pack(
         old = np.zeros((per_step, t), np.float32)
         action = np.zeros((per_step, t), bool)
         insight = np.zeros((per_step, t), bool)
-        judge = np.zeros((per_step, t), bool)
+        writer = np.zeros((per_step, t), bool)
         detach = np.zeros((per_step,), bool)
         adv = np.zeros((per_step,), np.float32)
         for r, e in enumerate(chunk):
             n = len(e)
             ids[r, :n], old[r, :n], action[r, :n], insight[r, :n], adv[r] = e.ids, e.old_logprobs, e.action_mask, e.insight_mask, e.advantage
-            if e.judge_mask is not None:
-                judge[r, :n] = e.judge_mask
+            if e.writer_mask is not None:
+                writer[r, :n] = e.writer_mask
             detach[r] = e.detach_ratio
         shape = (grad_accum_steps, micro_batch_size)
         batches.append(
@@ -401,7 +401,7 @@ def pack(
                 advantages=jnp.asarray(adv.reshape(shape)),
                 action_mask=jnp.asarray(action.reshape(*shape, t)),
                 insight_mask=jnp.asarray(insight.reshape(*shape, t)),
-                judge_mask=jnp.asarray(judge.reshape(*shape, t)),
+                writer_mask=jnp.asarray(writer.reshape(*shape, t)),
                 detach_ratio=jnp.asarray(detach.reshape(shape)),
             )
         )

@@ -289,7 +289,7 @@ class Trainer:
         if c.rollout.save_rollouts and is_main_process():
             save_phase(os.path.join(self.workdir, "rollouts", f"phase_{self.phase:05d}.jsonl"), self.phase, result)
         examples, stats = phase_examples(result.attempts, self.builder, self.example_config,
-                                         judgements=result.judgements, seed=c.seed + self.phase)  # fmt: skip
+                                         writer_outputs=result.writer_outputs, seed=c.seed + self.phase)  # fmt: skip
         # Trainer version - sampler version of every step: 0 in sync mode, 1 for a phase prefetched under overlap_phases.
         gaps = [self.version - s.weight_version for a in result.attempts for s in a.steps] or [0]
         self.checkpoints.check_saved(wait=True)
@@ -319,11 +319,11 @@ class Trainer:
             "rollout/malformed_fraction": float(np.mean([a.end == "malformed" for a in result.attempts])),
             "rollout/weight_version_gap/mean": float(np.mean(gaps)), "rollout/weight_version_gap/max": float(max(gaps)),
             "insight/parse_failures": float(result.parse_failures),
-            "insight/written": float(sum(j.insight is not None for _, _, j in result.judgements)),
+            "insight/written": float(sum(j.insight is not None for _, _, j in result.writer_outputs)),
             "filter/kept_attempts": float(stats.kept_attempts),
             "filter/zero_advantage_groups": float(stats.zero_advantage_groups),
             "filter/examples": float(stats.examples),
-            "filter/judge_examples": float(stats.judge_examples),
+            "filter/writer_examples": float(stats.writer_examples),
             "time/collect_s": collect_s, "time/update_s": update_s, "time/weight_sync_s": sync_s,
             "time/prefetch_wait_s": wait_s, "time/phase_s": time.time() - start,
             "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),

@@ -37,7 +37,7 @@ class TrainBatch:
     action_mask: [A, M, T] bool, GRPO targets (tokens sampled in the example's step).
     insight_mask: [A, M, T] bool, SFT targets (insight sentences; for the offline SFT baselines, whatever the
       baseline trains on).
-    judge_mask: [A, M, T] bool, insight-generator SFT targets (the insight in the judge's context, Table 8);
+    writer_mask: [A, M, T] bool, insight-generator SFT targets (the insight in the writer's context, Table 8);
       None = none.
     detach_ratio: [A, M] bool, examples trained without an importance ratio (RLTF-SD); None = none.
     """
@@ -47,7 +47,7 @@ class TrainBatch:
     advantages: jax.Array
     action_mask: jax.Array
     insight_mask: jax.Array
-    judge_mask: jax.Array | None = None
+    writer_mask: jax.Array | None = None
     detach_ratio: jax.Array | None = None
 
 
@@ -58,15 +58,15 @@ class LossConfig:
     lam: float = struct.field(pytree_node=False, default=0.5)
     grpo_coef: float = struct.field(pytree_node=False, default=1.0)
     clip_eps: float = struct.field(pytree_node=False, default=0.2)
-    judge_sft_coef: float = struct.field(pytree_node=False, default=0.0)
+    writer_sft_coef: float = struct.field(pytree_node=False, default=0.0)
     # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
     logprob_chunk: int = struct.field(pytree_node=False, default=128)
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
-        """The coefficients of a run's `config.loss` (lam, grpo_coef, clip_eps, judge_sft_coef)."""
+        """The coefficients of a run's `config.loss` (lam, grpo_coef, clip_eps, writer_sft_coef)."""
         c = config.loss
-        return cls(lam=c.lam, grpo_coef=c.grpo_coef, clip_eps=c.clip_eps, judge_sft_coef=c.judge_sft_coef)
+        return cls(lam=c.lam, grpo_coef=c.grpo_coef, clip_eps=c.clip_eps, writer_sft_coef=c.writer_sft_coef)
 
 
 #: Values of `optim.name` that `make_optimizer` builds.
@@ -141,26 +141,26 @@ def optimizer_from_config(
 
 
 #: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
-AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "judge_sum", "entropy_sum", "trainer_logprob_sum",
+AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "writer_sum", "entropy_sum", "trainer_logprob_sum",
             "sampler_logprob_sum")  # fmt: skip
 
 
 def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Array, ...], loss_cfg: LossConfig):
-    grpo_count, sft_count, judge_count = counts
+    grpo_count, sft_count, writer_count = counts
     model = nnx.merge(graphdef, params)
-    needed = mb["action_mask"] | mb["insight_mask"] | mb["judge_mask"]
+    needed = mb["action_mask"] | mb["insight_mask"] | mb["writer_mask"]
     lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed)
     grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
     sft = insight_sft_loss(lp, mb["insight_mask"])
-    judge = insight_sft_loss(lp, mb["judge_mask"])
+    writer = insight_sft_loss(lp, mb["writer_mask"])
     loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef,
-                       judge=judge, judge_sft_coef=loss_cfg.judge_sft_coef, judge_count=judge_count)  # fmt: skip
+                       writer=writer, writer_sft_coef=loss_cfg.writer_sft_coef, writer_count=writer_count)  # fmt: skip
     aux = {
         "grpo_sum": grpo.loss_sum,
         "clipped": grpo.clipped,
         "ratio_sum": grpo.ratio_sum,
         "sft_sum": sft.loss_sum,
-        "judge_sum": judge.loss_sum,
+        "writer_sum": writer.loss_sum,
         "entropy_sum": jnp.sum(entropy * mb["action_mask"]),
         "trainer_logprob_sum": jnp.sum(lp * mb["action_mask"]),
         "sampler_logprob_sum": jnp.sum(mb["old_logprobs"] * mb["action_mask"]),
@@ -186,23 +186,23 @@ def train_step(
       (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
       entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap, skipped_nonfinite.
     """
-    judge_mask = jnp.zeros_like(batch.insight_mask) if batch.judge_mask is None else batch.judge_mask
+    writer_mask = jnp.zeros_like(batch.insight_mask) if batch.writer_mask is None else batch.writer_mask
     detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
     grpo_count = jnp.sum(batch.action_mask).astype(jnp.float32)
     sft_count = jnp.sum(batch.insight_mask).astype(jnp.float32)
-    judge_count = jnp.sum(judge_mask).astype(jnp.float32)
+    writer_count = jnp.sum(writer_mask).astype(jnp.float32)
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (l, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, judge_count), loss_cfg)
+        (l, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
         return (jax.tree.map(jnp.add, grads, g), loss + l, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     aux0 = {k: jnp.float32(0) for k in AUX_KEYS}
     micro = {
         "ids": batch.ids, "old_logprobs": batch.old_logprobs, "advantages": batch.advantages,
-        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask, "judge_mask": judge_mask,
+        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask, "writer_mask": writer_mask,
         "detach_ratio": detach,
     }  # fmt: skip
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
@@ -220,7 +220,7 @@ def train_step(
         "loss": loss,
         "grpo_loss": safe_divide(aux["grpo_sum"], grpo_count),
         "sft_nll": safe_divide(aux["sft_sum"], sft_count),
-        "judge_sft_nll": safe_divide(aux["judge_sum"], judge_count),
+        "writer_sft_nll": safe_divide(aux["writer_sum"], writer_count),
         "clip_fraction": safe_divide(aux["clipped"], grpo_count),
         "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
         "entropy": safe_divide(aux["entropy_sum"], grpo_count),
@@ -228,7 +228,7 @@ def train_step(
         "grad_norm": grad_norm,
         "grpo_tokens": grpo_count,
         "sft_tokens": sft_count,
-        "judge_sft_tokens": judge_count,
+        "writer_sft_tokens": writer_count,
         "detached_examples": jnp.sum(detach & (jnp.sum(batch.action_mask, -1) > 0)).astype(jnp.float32),
         "skipped_nonfinite": (~finite).astype(jnp.float32),
     }
