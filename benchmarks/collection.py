@@ -60,11 +60,16 @@ from rltldr_jax.train.pretrain import find_pretrained  # noqa: E402
 
 #: Overrides of the smoke mode (seconds on a CPU; not a measurement).
 SMOKE = {
-    "rollout.tasks_per_phase": 2, "rollout.group_size": 2, "rollout.max_action_tokens": 24, "engine.max_batch": 4,
-    "batch.ppo_epochs": 1, "batch.micro_batch_size": 8,
-}  # fmt: skip
+    "rollout.tasks_per_phase": 2,
+    "rollout.group_size": 2,
+    "rollout.max_action_tokens": 24,
+    "engine.max_batch": 4,
+    "batch.ppo_epochs": 1,
+    "batch.micro_batch_size": 8,
+}
 
-#: Table 1: row name -> (arm of configs/replicate.py, overrides, exactly K attempts per task set on the built collector).
+#: Table 1: row name -> (arm of configs/replicate.py, overrides, exactly K attempts per task set on the built
+#: collector).
 COLLECTION_ROWS: dict[str, tuple[str, dict[str, Any], bool]] = {
     "rltldr": ("rltldr", {}, False),
     "rltldr w=2": ("rltldr", {"rollout.workers_per_task": 2, "rollout.exact_group_size": False}, False),
@@ -90,12 +95,22 @@ def build_trainer(arm: str, overrides: dict[str, Any], *, smoke: bool, phases: i
     `overrides` ("K" stands for the group size, "T" for the tasks per phase), evaluation shrunk to one attempt and
     no rollout files."""
     settings = {
-        "workdir": workdir, "eval.every": 0, "eval.num_tasks": 1, "eval.train_num_tasks": 0, "eval.attempts_per_task": 1,
-        "rollout.save_rollouts": False, "train.checkpoint_every": 1000, "train.env_step_budget": 0, "train.max_phases": phases,
+        "workdir": workdir,
+        "eval.every": 0,
+        "eval.num_tasks": 1,
+        "eval.train_num_tasks": 0,
+        "eval.attempts_per_task": 1,
+        "rollout.save_rollouts": False,
+        "train.checkpoint_every": 1000,
+        "train.env_step_budget": 0,
+        "train.max_phases": phases,
         **(SMOKE if smoke else {}),
-    }  # fmt: skip
+    }
     preset = replicate.get_config("quick").rollout
-    sizes = {"K": settings.get("rollout.group_size", preset.group_size), "T": settings.get("rollout.tasks_per_phase", preset.tasks_per_phase)}
+    sizes = {
+        "K": settings.get("rollout.group_size", preset.group_size),
+        "T": settings.get("rollout.tasks_per_phase", preset.tasks_per_phase),
+    }
     settings |= {key: sizes.get(value, value) if isinstance(value, str) else value for key, value in overrides.items()}
     config = replicate.arm_config("quick", arm, 0, settings)
     checkpoint = _base_policy(config)
@@ -113,7 +128,10 @@ _BASE_POLICIES: dict[str, str | None] = {}
 
 def _base_policy(config: Any) -> str | None:
     """`find_pretrained` once per pretraining key (computing the key hashes the world's source)."""
-    key = f"{config.env.name}-{config.model.preset}-s{config.seed}-{config.insight.max_insights}-{config.rollout.thinking}"
+    key = (
+        f"{config.env.name}-{config.model.preset}-s{config.seed}-{config.insight.max_insights}-"
+        f"{config.rollout.thinking}"
+    )
     if key not in _BASE_POLICIES:
         _BASE_POLICIES[key] = find_pretrained(config)
     return _BASE_POLICIES[key]
@@ -139,9 +157,14 @@ def collection_table(trainers: dict[str, Trainer], *, rounds: int, warmup: int) 
             if r >= warmup:
                 seconds[name].append(elapsed)
                 attempts[name].append(len(result.attempts))
-    return {name: {"seconds": median(seconds[name]), "attempts": median(attempts[name]),
-                   "per_attempt": median([s / a for s, a in zip(seconds[name], attempts[name], strict=True)])}
-            for name in trainers}  # fmt: skip
+    return {
+        name: {
+            "seconds": median(seconds[name]),
+            "attempts": median(attempts[name]),
+            "per_attempt": median([s / a for s, a in zip(seconds[name], attempts[name], strict=True)]),
+        }
+        for name in trainers
+    }
 
 
 def phase_row(trainer: Trainer, *, skip: int) -> dict[str, float]:
@@ -150,23 +173,33 @@ def phase_row(trainer: Trainer, *, skip: int) -> dict[str, float]:
     trainer.run()
     with open(os.path.join(trainer.workdir, "metrics.jsonl"), encoding="utf-8") as f:
         records = [r for r in map(json.loads, f) if r["kind"] == "phase"][skip:]
-    return {"seconds": median([r["time/phase_s"] for r in records]), "examples": median([r["filter/examples"] for r in records]),
-            "steps": median([r["update/optimizer_steps"] for r in records])}  # fmt: skip
+    return {
+        "seconds": median([r["time/phase_s"] for r in records]),
+        "examples": median([r["filter/examples"] for r in records]),
+        "steps": median([r["update/optimizer_steps"] for r in records]),
+    }
 
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny budgets, no warm-up: checks that every row runs")
-    parser.add_argument("--rounds", type=int, default=None, help="measured collection phases per row (default 5; smoke 1)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="measured collection phases per row (default 5; smoke 1)"
+    )
     parser.add_argument("--phases", type=int, default=None, help="phases of each Table 2 run (default 7; smoke 2)")
-    parser.add_argument("--xla_cache", default=os.path.join(ROOT, "runs", "xla-cache"),
-                        help="persistent XLA compilation cache (the trainers' engines compile the same programs)")  # fmt: skip
+    parser.add_argument(
+        "--xla_cache",
+        default=os.path.join(ROOT, "runs", "xla-cache"),
+        help="persistent XLA compilation cache (the trainers' engines compile the same programs)",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.smoke else 5)
     phases = args.phases or (2 if args.smoke else 7)
     warmup, skip = (0, 1) if args.smoke else (2, 2)
     if rounds < 1 or phases <= skip:
-        parser.error(f"--rounds must be >= 1 and --phases > {skip} (the first {skip} phases compile and are not measured)")
+        parser.error(
+            f"--rounds must be >= 1 and --phases > {skip} (the first {skip} phases compile and are not measured)"
+        )
     if not jax.config.jax_compilation_cache_dir and args.xla_cache:
         jax.config.update("jax_compilation_cache_dir", args.xla_cache)
     logging.getLogger("rltldr_jax").setLevel(logging.WARNING)
@@ -176,18 +209,28 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         trainers: dict[str, Trainer] = {}
         try:
             for name, (arm, overrides, exact) in COLLECTION_ROWS.items():
-                trainers[name] = build_trainer(arm, overrides, smoke=args.smoke, phases=phases, workdir=os.path.join(tmp, f"t{len(trainers)}"))
+                trainers[name] = build_trainer(
+                    arm, overrides, smoke=args.smoke, phases=phases, workdir=os.path.join(tmp, f"t{len(trainers)}")
+                )
                 if exact:
                     trainers[name].collector.exact_group_size = True
             config = trainers["rltldr"].config
             k, n_tasks = config.rollout.group_size, config.rollout.tasks_per_phase
             rows = collection_table(trainers, rounds=rounds, warmup=warmup)
-            for name in [n for n in trainers if n not in {source for source, extra in PHASE_ROWS.values() if not extra}]:
+            for name in [
+                n for n in trainers if n not in {source for source, extra in PHASE_ROWS.values() if not extra}
+            ]:
                 trainers.pop(name).close()  # done; Table 2's rows without overrides go on with Table 1's trainers
             for name, (source, extra) in PHASE_ROWS.items():
                 if extra:
                     arm, overrides, exact = COLLECTION_ROWS[source]
-                    trainer = build_trainer(arm, overrides | extra, smoke=args.smoke, phases=phases, workdir=os.path.join(tmp, f"p{len(rows)}"))
+                    trainer = build_trainer(
+                        arm,
+                        overrides | extra,
+                        smoke=args.smoke,
+                        phases=phases,
+                        workdir=os.path.join(tmp, f"p{len(rows)}"),
+                    )
                     if exact:
                         trainer.collector.exact_group_size = True
                 else:
@@ -197,19 +240,29 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
             for trainer in trainers.values():
                 trainer.close()
     base = rows[BASELINE]["seconds"]
-    out(f"collection walltime, K = {k}, {n_tasks} tasks per phase, {rounds} measured phases per row "
-        f"({jax.devices()[0].platform}, {os.cpu_count()} cores); ratio = row / '{BASELINE}' (paper: sequential 4.5x)")  # fmt: skip
+    out(
+        f"collection walltime, K = {k}, {n_tasks} tasks per phase, {rounds} measured phases per row "
+        f"({jax.devices()[0].platform}, {os.cpu_count()} cores); ratio = row / '{BASELINE}' (paper: sequential 4.5x)"
+    )
     out(f"{'row':<22} {'s/phase':>9} {'attempts':>9} {'ms/attempt':>11} {'ratio':>7}")
     for name in COLLECTION_ROWS:
         r = rows[name]
-        out(f"{name:<22} {r['seconds']:>9.3f} {r['attempts']:>9.0f} {1000 * r['per_attempt']:>11.1f} {r['seconds'] / base:>7.2f}")
+        out(
+            f"{name:<22} {r['seconds']:>9.3f} {r['attempts']:>9.0f} {1000 * r['per_attempt']:>11.1f} "
+            f"{r['seconds'] / base:>7.2f}"
+        )
     phase_base = rows[PHASE_BASELINE]["seconds"]
-    out(f"whole phases (collect + update + push: time/phase_s, median of phases {skip + 1}-{phases}); ratio = row / "
-        f"'{PHASE_BASELINE}' (paper: a RLTL;DR run takes 1.5x GRPO's; goal <= 1.5x)")  # fmt: skip
+    out(
+        f"whole phases (collect + update + push: time/phase_s, median of phases {skip + 1}-{phases}); ratio = row / "
+        f"'{PHASE_BASELINE}' (paper: a RLTL;DR run takes 1.5x GRPO's; goal <= 1.5x)"
+    )
     out(f"{'row':<22} {'s/phase':>9} {'examples':>9} {'opt steps':>10} {'ratio':>7}")
     for name in PHASE_ROWS:
         r = rows[name]
-        out(f"{name:<22} {r['seconds']:>9.3f} {r['examples']:>9.0f} {r['steps']:>10.0f} {r['seconds'] / phase_base:>7.2f}")
+        out(
+            f"{name:<22} {r['seconds']:>9.3f} {r['examples']:>9.0f} {r['steps']:>10.0f} "
+            f"{r['seconds'] / phase_base:>7.2f}"
+        )
     out(f"total {time.perf_counter() - t_start:.0f} s")
     return rows
 

@@ -25,11 +25,19 @@ def small_qwen_config():
     import transformers
 
     return transformers.Qwen3_5TextConfig(
-        vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=128,
-        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=128,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-    )  # fmt: skip
+    )
 
 
 def small_models(seed: int = 0):

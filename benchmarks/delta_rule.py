@@ -15,9 +15,9 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import best_of
 
 from rltldr_jax.models.gated_delta import chunk_gated_delta_rule
-from common import best_of
 
 # (B, T, Hk, Hv, D): a long prefill of a small layer, and a batch of shorter ones with Qwen 3.5's 16 / 32 heads.
 SHAPES = [(1, 2048, 4, 8, 128), (4, 512, 16, 32, 128)]
@@ -60,11 +60,11 @@ def main() -> None:
         theirs_in = [torch.from_numpy(x) for x in arrays]
         kwargs = dict(initial_state=theirs_in[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
 
-        def torch_forward():
+        def torch_forward(theirs_in=theirs_in, kwargs=kwargs):
             with torch.no_grad():
                 return torch_chunk_gated_delta_rule(*theirs_in[:5], **kwargs)
 
-        def torch_gradients():
+        def torch_gradients(theirs_in=theirs_in, kwargs=kwargs):
             leaves = [x.clone().requires_grad_() for x in theirs_in[:5]]
             o, _ = torch_chunk_gated_delta_rule(*leaves, **kwargs)
             o.backward(theirs_in[6])
@@ -75,14 +75,20 @@ def main() -> None:
         grads, grads_ref = gradients(*ours_in), torch_gradients()
         grad_error = max(
             float(np.max(np.abs(np.asarray(a) - b.numpy())) / np.max(np.abs(b.numpy())))
-            for a, b in zip(grads, grads_ref)
+            for a, b in zip(grads, grads_ref, strict=True)
         )
 
         ours, theirs = best_of(
-            [lambda: jax.block_until_ready(forward(q, k, v, g, beta, initial_state=state)), torch_forward], repeat=10
+            [
+                lambda q=q, k=k, v=v, g=g, beta=beta, state=state: jax.block_until_ready(
+                    forward(q, k, v, g, beta, initial_state=state)
+                ),
+                torch_forward,
+            ],
+            repeat=10,
         )
         ours_grad, theirs_grad = best_of(
-            [lambda: jax.block_until_ready(gradients(*ours_in)), torch_gradients], repeat=5
+            [lambda ours_in=ours_in: jax.block_until_ready(gradients(*ours_in)), torch_gradients], repeat=5
         )
         print(
             f"B={batch} T={length} Hk={k_heads} Hv={v_heads} D={dim}: "

@@ -153,8 +153,12 @@ class Plan:
     def make(smoke: bool) -> Plan:
         if smoke:
             return Plan(True, (("tiny", 64, 2, 2),), 2, "tiny", (2,), 16, 8, 32, (2, 96, 4, 2, 32))
-        train = (("qwen3_5_0_8b", 4096, 4, 2), ("qwen3_5_2b", 4096, 4, 2),
-                 ("qwen3_5_0_8b", 16384, 2, 2), ("qwen3_5_2b", 16384, 2, 2))  # fmt: skip
+        train = (
+            ("qwen3_5_0_8b", 4096, 4, 2),
+            ("qwen3_5_2b", 4096, 4, 2),
+            ("qwen3_5_0_8b", 16384, 2, 2),
+            ("qwen3_5_2b", 16384, 2, 2),
+        )
         return Plan(False, train, 3, "qwen3_5_0_8b", (1, 32, 128), 512, 256, 256, (2, 4096, 8, 2, 256))
 
 
@@ -216,11 +220,16 @@ def parity_row(plan: Plan, device: jax.Device) -> Row:
             impls[name] = resolve_attention_impl(m.attention_impl, m.dtype, config.head_dim)
     diff = float(np.abs(logits["device"] - logits["cpu"]).max())
     return Row(
-        "parity", "fp32 parity, accelerator vs CPU", f"tiny preset, 2 x {plan.parity_tokens} tokens", diff, "max |Δ logits|",
+        "parity",
+        "fp32 parity, accelerator vs CPU",
+        f"tiny preset, 2 x {plan.parity_tokens} tokens",
+        diff,
+        "max |Δ logits|",
         "pass" if diff <= 1e-4 else "FAIL",
-        f"tolerance 1e-4; max |logits| {np.abs(logits['cpu']).max():.1f}; attention {impls['device']} vs {impls['cpu']} (cpu)",
+        f"tolerance 1e-4; max |logits| {np.abs(logits['cpu']).max():.1f}; "
+        f"attention {impls['device']} vs {impls['cpu']} (cpu)",
         {"max_abs_diff": diff, "max_abs_logit": float(np.abs(logits["cpu"]).max())},
-    )  # fmt: skip
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -241,7 +250,9 @@ def attention_rows(plan: Plan, device: jax.Device) -> list[Row]:
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     # The engine's prefill: t/8 new tokens of each row at ragged offsets into a cache of t slots.
     tp = max(t // 8, 8)
-    q_pos_p = jnp.asarray([(i * 5 * t) // (8 * b) for i in range(b)], jnp.int32)[:, None] + jnp.arange(tp, dtype=jnp.int32)
+    q_pos_p = jnp.asarray([(i * 5 * t) // (8 * b) for i in range(b)], jnp.int32)[:, None] + jnp.arange(
+        tp, dtype=jnp.int32
+    )
     slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     setting = f"B={b} T={t} H={h} KV={kv} D={d}"
     bf = lambda *xs: tuple(x.astype(jnp.bfloat16) for x in xs)  # noqa: E731
@@ -252,51 +263,92 @@ def attention_rows(plan: Plan, device: jax.Device) -> list[Row]:
     forward_ref = lambda q, k, v: causal_attention(q, k, v, pos, pos)  # noqa: E731
     prefill_ref = lambda q, k, v: causal_attention(q, k, v, q_pos_p, slots)  # noqa: E731
     with jax.default_matmul_precision("highest"):  # the fp32 truth, whatever the device's default matmul precision
-        truth = {"out": jax.jit(forward_ref)(q32, k32, v32), "grads": loss_grad(forward_ref)(q32, k32, v32),
-                 "prefill": jax.jit(prefill_ref)(q32[:, :tp], k32, v32)}  # fmt: skip
+        truth = {
+            "out": jax.jit(forward_ref)(q32, k32, v32),
+            "grads": loss_grad(forward_ref)(q32, k32, v32),
+            "prefill": jax.jit(prefill_ref)(q32[:, :tp], k32, v32),
+        }
         blocked = jax.jit(lambda q, k, v: blocked_causal_attention(q, k, v, pos, pos))(q32, k32, v32)
     diff = _max_err(blocked, truth["out"])
-    rows = [Row("attention/blocked", "attention blocked vs xla (fp32)", setting + ", full forward", diff, "max |Δ|",
-                "pass" if diff <= 1e-4 else "FAIL", "tolerance 1e-4 (fp32, matmul precision highest)",
-                {"max_abs_diff": diff})]  # fmt: skip
+    rows = [
+        Row(
+            "attention/blocked",
+            "attention blocked vs xla (fp32)",
+            setting + ", full forward",
+            diff,
+            "max |Δ|",
+            "pass" if diff <= 1e-4 else "FAIL",
+            "tolerance 1e-4 (fp32, matmul precision highest)",
+            {"max_abs_diff": diff},
+        )
+    ]
 
     problem = cudnn_attention_problem(jnp.bfloat16, d, device)
     skipped = None if problem is None else ("skipped: no GPU" if "no NVIDIA GPU" in problem else f"skipped: {problem}")
     scale = max(float(jnp.abs(g).max()) for g in truth["grads"])
-    rel_grad_err = lambda gs: max(_max_err(g, r) for g, r in zip(gs, truth["grads"])) / scale  # noqa: E731
+    rel_grad_err = lambda gs: max(_max_err(g, r) for g, r in zip(gs, truth["grads"], strict=True)) / scale  # noqa: E731
 
     def forward_row() -> Row:
         """Training and full forward: cuDNN's causal mask, values and gradients, and the fwd+bwd time."""
         fused = lambda q, k, v: cudnn_causal_attention(q, k, v, pos, pos, in_order=True)  # noqa: E731
         xb = bf(q32, k32, v32)
-        e = {"out_err": _max_err(jax.jit(fused)(*xb), truth["out"]),
-             "ref_bf16_out_err": _max_err(jax.jit(forward_ref)(*xb), truth["out"]),
-             "grad_rel_err": rel_grad_err(loss_grad(fused)(*xb)),
-             "ref_bf16_grad_rel_err": rel_grad_err(loss_grad(forward_ref)(*xb))}  # fmt: skip
-        ok = e["out_err"] <= 2 * e["ref_bf16_out_err"] + 2**-8 and e["grad_rel_err"] <= 2 * e["ref_bf16_grad_rel_err"] + 2**-8
+        e = {
+            "out_err": _max_err(jax.jit(fused)(*xb), truth["out"]),
+            "ref_bf16_out_err": _max_err(jax.jit(forward_ref)(*xb), truth["out"]),
+            "grad_rel_err": rel_grad_err(loss_grad(fused)(*xb)),
+            "ref_bf16_grad_rel_err": rel_grad_err(loss_grad(forward_ref)(*xb)),
+        }
+        ok = (
+            e["out_err"] <= 2 * e["ref_bf16_out_err"] + 2**-8
+            and e["grad_rel_err"] <= 2 * e["ref_bf16_grad_rel_err"] + 2**-8
+        )
         g_fused, g_xla = loss_grad(fused), loss_grad(forward_ref)
         e["cudnn_fwd_bwd_ms"] = 1e3 * _timed(lambda: jax.block_until_ready(g_fused(*xb)), 5)
         e["xla_fwd_bwd_ms"] = 1e3 * _timed(lambda: jax.block_until_ready(g_xla(*xb)), 5)
-        note = (f"bf16 xla's own error {e['ref_bf16_out_err']:.2g}; grad rel err {e['grad_rel_err']:.2g} (bf16 xla "
-                f"{e['ref_bf16_grad_rel_err']:.2g}); fwd+bwd {e['cudnn_fwd_bwd_ms']:.1f} ms vs xla {e['xla_fwd_bwd_ms']:.1f} ms")  # fmt: skip
-        return Row("attention/cudnn/forward", "attention cudnn vs xla (bf16), full forward + grad", setting, e["out_err"],
-                   "max |Δ| vs fp32", "pass" if ok else "FAIL", note, e)  # fmt: skip
+        note = (
+            f"bf16 xla's own error {e['ref_bf16_out_err']:.2g}; grad rel err {e['grad_rel_err']:.2g} (bf16 xla "
+            f"{e['ref_bf16_grad_rel_err']:.2g}); "
+            f"fwd+bwd {e['cudnn_fwd_bwd_ms']:.1f} ms vs xla {e['xla_fwd_bwd_ms']:.1f} ms"
+        )
+        return Row(
+            "attention/cudnn/forward",
+            "attention cudnn vs xla (bf16), full forward + grad",
+            setting,
+            e["out_err"],
+            "max |Δ| vs fp32",
+            "pass" if ok else "FAIL",
+            note,
+            e,
+        )
 
     def prefill_row() -> Row:
         """A prefill into a decode cache: the position mask as a cuDNN mask, values (inference only)."""
         fused = jax.jit(lambda q, k, v: cudnn_causal_attention(q, k, v, q_pos_p, slots, in_order=False))
         xla = jax.jit(prefill_ref)
         xb = bf(q32[:, :tp], k32, v32)
-        e = {"out_err": _max_err(fused(*xb), truth["prefill"]), "ref_bf16_out_err": _max_err(xla(*xb), truth["prefill"])}
+        e = {
+            "out_err": _max_err(fused(*xb), truth["prefill"]),
+            "ref_bf16_out_err": _max_err(xla(*xb), truth["prefill"]),
+        }
         e["cudnn_ms"] = 1e3 * _timed(lambda: jax.block_until_ready(fused(*xb)), 5)
         e["xla_ms"] = 1e3 * _timed(lambda: jax.block_until_ready(xla(*xb)), 5)
         ok = e["out_err"] <= 2 * e["ref_bf16_out_err"] + 2**-8
         note = f"bf16 xla's own error {e['ref_bf16_out_err']:.2g}; {e['cudnn_ms']:.2f} ms vs xla {e['xla_ms']:.2f} ms"
-        return Row("attention/cudnn/prefill", "attention cudnn vs xla (bf16), prefill into cache", f"{setting}, {tp} new",
-                   e["out_err"], "max |Δ| vs fp32", "pass" if ok else "FAIL", note, e)  # fmt: skip
+        return Row(
+            "attention/cudnn/prefill",
+            "attention cudnn vs xla (bf16), prefill into cache",
+            f"{setting}, {tp} new",
+            e["out_err"],
+            "max |Δ| vs fp32",
+            "pass" if ok else "FAIL",
+            note,
+            e,
+        )
 
-    for key, check, make in (("attention/cudnn/forward", "attention cudnn vs xla (bf16), full forward + grad", forward_row),
-                             ("attention/cudnn/prefill", "attention cudnn vs xla (bf16), prefill into cache", prefill_row)):  # fmt: skip
+    for key, check, make in (
+        ("attention/cudnn/forward", "attention cudnn vs xla (bf16), full forward + grad", forward_row),
+        ("attention/cudnn/prefill", "attention cudnn vs xla (bf16), prefill into cache", prefill_row),
+    ):
         if skipped:
             rows.append(Row(key, check, setting, None, "", skipped))
             continue
@@ -340,11 +392,21 @@ def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: 
     cfg = get_config()
     cfg.model.preset, cfg.model.dtype, cfg.model.param_dtype, cfg.model.remat = preset, "bfloat16", "float32", True
     cfg.batch.micro_batch_size, cfg.batch.grad_accum_steps = micro, accum
-    spec = ModelSpec(config, dtype=getattr(jnp, cfg.model.dtype), param_dtype=getattr(jnp, cfg.model.param_dtype),
-                     remat=cfg.model.remat)  # fmt: skip
+    spec = ModelSpec(
+        config,
+        dtype=getattr(jnp, cfg.model.dtype),
+        param_dtype=getattr(jnp, cfg.model.param_dtype),
+        remat=cfg.model.remat,
+    )
     model = spec.build(seed=0)
-    tx = make_optimizer(cfg.optim.learning_rate, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps,
-                        weight_decay=cfg.optim.weight_decay, grad_clip_norm=cfg.optim.grad_clip_norm)  # fmt: skip
+    tx = make_optimizer(
+        cfg.optim.learning_rate,
+        b1=cfg.optim.b1,
+        b2=cfg.optim.b2,
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+        grad_clip_norm=cfg.optim.grad_clip_norm,
+    )
     update = ShardedUpdate(MeshConfig.from_config(cfg), model, tx, LossConfig.from_config(cfg), micro_batch_size=micro)
     del model
     batch = _train_batch(config, context, micro, accum, seed=1)
@@ -365,21 +427,48 @@ def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: 
     f = flops_per_token(config, context)
     achieved = f["total"] * tokens / step_s  # FLOP/s over all devices
     impl = resolve_attention_impl(spec.attention_impl, spec.dtype, config.head_dim)
-    metrics_out = {"step_s": step_s, "tokens_per_s": tokens / step_s, "model_tflops_per_s": achieved / 1e12,
-                   "flops_per_token": f["total"], "attention_flops_share": f["attention"] / f["total"],
-                   "compile_s": compile_s, "loss": loss}  # fmt: skip
+    metrics_out = {
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "model_tflops_per_s": achieved / 1e12,
+        "flops_per_token": f["total"],
+        "attention_flops_share": f["attention"] / f["total"],
+        "compile_s": compile_s,
+        "loss": loss,
+    }
     setting = f"{preset}{' (smoke)' if plan.smoke else ''}, T={context}, M={micro} x A={accum}"
-    note = (f"{tokens / step_s:,.0f} tok/s, step {step_s:.2f} s, {achieved / 1e12 / n_dev:.3g} model TFLOP/s per device, "
-            f"attention {impl}, compile {compile_s:.0f} s")  # fmt: skip
+    note = (
+        f"{tokens / step_s:,.0f} tok/s, step {step_s:.2f} s, {achieved / 1e12 / n_dev:.3g} model TFLOP/s per device, "
+        f"attention {impl}, compile {compile_s:.0f} s"
+    )
     if not math.isfinite(loss):
-        return Row(f"train/{preset}/{context}", "train step MFU", setting, None, "", f"FAIL: loss {loss}", note, metrics_out)
+        return Row(
+            f"train/{preset}/{context}", "train step MFU", setting, None, "", f"FAIL: loss {loss}", note, metrics_out
+        )
     peak = peak_tflops(device)
     if peak is None:
-        return Row(f"train/{preset}/{context}", "train step MFU", setting, None, "%",
-                   f"n/a: no peak FLOP/s for device kind {device.device_kind!r}", note, metrics_out)  # fmt: skip
+        return Row(
+            f"train/{preset}/{context}",
+            "train step MFU",
+            setting,
+            None,
+            "%",
+            f"n/a: no peak FLOP/s for device kind {device.device_kind!r}",
+            note,
+            metrics_out,
+        )
     mfu = 100.0 * achieved / (peak * 1e12 * n_dev)
     metrics_out["mfu_percent"] = mfu
-    return Row(f"train/{preset}/{context}", "train step MFU", setting, mfu, "%", "ok", note + f"; peak {peak:g} TFLOP/s", metrics_out)
+    return Row(
+        f"train/{preset}/{context}",
+        "train step MFU",
+        setting,
+        mfu,
+        "%",
+        "ok",
+        note + f"; peak {peak:g} TFLOP/s",
+        metrics_out,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -394,7 +483,9 @@ def decode_row(plan: Plan, batch: int, model) -> Row:
     prompts = np.random.default_rng(batch).integers(0, config.vocab_size, (batch, plan.prompt)).tolist()
 
     def run(engine, new: int) -> float:
-        requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new, seed=i)) for i, p in enumerate(prompts)]
+        requests = [
+            GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new, seed=i)) for i, p in enumerate(prompts)
+        ]
         start = time.perf_counter()
         results = engine.generate_many(requests)
         elapsed = time.perf_counter() - start
@@ -413,13 +504,18 @@ def decode_row(plan: Plan, batch: int, model) -> Row:
     decode_tps = batch * (plan.new_tokens - 1) / decode_s
     e2e_tps = batch * plan.new_tokens / t_all
     prefill_impl = resolve_attention_impl(model.attention_impl, model.dtype, config.head_dim)
-    note = (f"e2e {e2e_tps:,.0f} tok/s (prefill incl.); {decode_s / (plan.new_tokens - 1) * 1e3:.2f} ms/step; attention: "
-            f"prefill {prefill_impl}, decode xla")  # fmt: skip
+    note = (
+        f"e2e {e2e_tps:,.0f} tok/s (prefill incl.); {decode_s / (plan.new_tokens - 1) * 1e3:.2f} ms/step; attention: "
+        f"prefill {prefill_impl}, decode xla"
+    )
     if batch == 1 and not plan.smoke:
         note += f"; SGLang reference {SGLANG_BATCH1[0]} tok/s (Qwen3-0.6B, batch 1, H20) {SGLANG_BATCH1[1]}"
     elif not plan.smoke:
         note += "; no published SGLang figure found for this batch"
-    setting = f"{plan.decode_preset}{' (smoke)' if plan.smoke else ''}, batch {batch}, prompt {plan.prompt}, {plan.new_tokens} new"
+    setting = (
+        f"{plan.decode_preset}{' (smoke)' if plan.smoke else ''}, batch {batch}, prompt {plan.prompt}, "
+        f"{plan.new_tokens} new"
+    )
     metrics = {"decode_tokens_per_s": decode_tps, "e2e_tokens_per_s": e2e_tps, "t_prefill_s": t_one, "t_total_s": t_all}
     return Row(f"decode/{batch}", "JaxEngine decode", setting, decode_tps, "tok/s", "ok", note, metrics)
 
@@ -432,8 +528,11 @@ def decode_row(plan: Plan, batch: int, model) -> Row:
 def markdown(rows: Sequence[Row], header: str) -> str:
     lines = [header, "", "| check | setting | result | note |", "|---|---|---|---|"]
     lines += [f"| {r.check} | {r.setting} | {r.result()} | {r.note} |" for r in rows]
-    lines += ["", f"SGLang reference (decode, batch 1): {SGLANG_BATCH1[0]} tok/s for Qwen3-0.6B BF16 on one H20, "
-              f"SGLang 0.4.6.post1: {SGLANG_BATCH1[1]}"]  # fmt: skip
+    lines += [
+        "",
+        f"SGLang reference (decode, batch 1): {SGLANG_BATCH1[0]} tok/s for Qwen3-0.6B BF16 on one H20, "
+        f"SGLang 0.4.6.post1: {SGLANG_BATCH1[1]}",
+    ]
     return "\n".join(lines)
 
 
@@ -446,7 +545,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, a few steps (CPU, the test suite)")
     parser.add_argument("--out", default="", help="directory for device_table.json and device_table.md")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="skip rows that would start after this many seconds")
+    parser.add_argument(
+        "--budget-s", type=float, default=450.0, help="skip rows that would start after this many seconds"
+    )
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     if unknown := sorted(set(only) - set(SECTIONS)):
@@ -468,7 +569,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
             rows.extend(out if isinstance(out, list) else [out])
         except Exception as exc:  # noqa: BLE001 - a failed row is reported, the table goes on
             rows.append(Row(key, check, setting, None, "", f"error: {type(exc).__name__}: {str(exc)[:300]}"))
-        print(f"[{time.perf_counter() - start:6.1f} s] {rows[-1].check}: {rows[-1].setting}: {rows[-1].result()}", flush=True)
+        print(
+            f"[{time.perf_counter() - start:6.1f} s] {rows[-1].check}: {rows[-1].setting}: {rows[-1].result()}",
+            flush=True,
+        )
 
     if "parity" in only:
         guarded("parity", "fp32 parity, accelerator vs CPU", "tiny preset", 5, lambda: parity_row(plan, device))
@@ -477,24 +581,41 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     train = list(plan.train)
     if "train" in only:
         for preset, context, micro, accum in train[:2]:  # 4k first: the headline
-            guarded(f"train/{preset}/{context}", "train step MFU", f"{preset}, T={context}", 40,
-                    lambda p=preset, c=context, m=micro, a=accum: train_row(plan, device, p, c, m, a))  # fmt: skip
+            guarded(
+                f"train/{preset}/{context}",
+                "train step MFU",
+                f"{preset}, T={context}",
+                40,
+                lambda p=preset, c=context, m=micro, a=accum: train_row(plan, device, p, c, m, a),
+            )
     if "decode" in only:
         config = model_config(plan.decode_preset, plan.smoke)
         model = ModelSpec(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16).build(seed=0)
         for batch in plan.decode_batches:
-            guarded(f"decode/{batch}", "JaxEngine decode", f"{plan.decode_preset}, batch {batch}", 40,
-                    lambda b=batch: decode_row(plan, b, model))  # fmt: skip
+            guarded(
+                f"decode/{batch}",
+                "JaxEngine decode",
+                f"{plan.decode_preset}, batch {batch}",
+                40,
+                lambda b=batch: decode_row(plan, b, model),
+            )
         del model
     if "train" in only:
         for preset, context, micro, accum in train[2:]:
-            guarded(f"train/{preset}/{context}", "train step MFU", f"{preset}, T={context}", 60,
-                    lambda p=preset, c=context, m=micro, a=accum: train_row(plan, device, p, c, m, a))  # fmt: skip
+            guarded(
+                f"train/{preset}/{context}",
+                "train step MFU",
+                f"{preset}, T={context}",
+                60,
+                lambda p=preset, c=context, m=micro, a=accum: train_row(plan, device, p, c, m, a),
+            )
 
     peak = peak_tflops(device)
-    header = (f"Device check on {device.device_kind} ({device.platform}), jax {jax.__version__}; peak bf16 "
-              f"{f'{peak:g} TFLOP/s' if peak else 'n/a (kind not in PEAK_BF16_TFLOPS)'}; "
-              f"{'smoke shapes; ' if plan.smoke else ''}{time.perf_counter() - start:.0f} s")  # fmt: skip
+    header = (
+        f"Device check on {device.device_kind} ({device.platform}), jax {jax.__version__}; peak bf16 "
+        f"{f'{peak:g} TFLOP/s' if peak else 'n/a (kind not in PEAK_BF16_TFLOPS)'}; "
+        f"{'smoke shapes; ' if plan.smoke else ''}{time.perf_counter() - start:.0f} s"
+    )
     table = markdown(rows, header)
     print("\n" + table, flush=True)
     if args.out:
@@ -502,8 +623,12 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         with open(os.path.join(args.out, "device_table.md"), "w", encoding="utf-8") as f:
             f.write(table + "\n")
         with open(os.path.join(args.out, "device_table.json"), "w", encoding="utf-8") as f:
-            payload = {"header": header, "device_kind": device.device_kind, "platform": device.platform,
-                       "rows": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
+            payload = {
+                "header": header,
+                "device_kind": device.device_kind,
+                "platform": device.platform,
+                "rows": [dataclasses.asdict(r) for r in rows],
+            }
             json.dump(payload, f, indent=1)
     return rows
 

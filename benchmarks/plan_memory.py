@@ -59,7 +59,9 @@ def compile_step(preset: str, mesh_sizes: tuple[int, int, int], micro_per_device
     )
     p_sh = sharding.param_shardings(params, mesh)
     o_sh = sharding.optimizer_shardings(tx, opt_state, p_sh, mesh)
-    b_sh = jax.tree.map(lambda x: NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), *([None] * (len(x.shape) - 2)))), batch)
+    b_sh = jax.tree.map(
+        lambda x: NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), *([None] * (len(x.shape) - 2)))), batch
+    )
     step = jax.jit(
         lambda p, o, b: train_step(graphdef, p, o, b, tx=tx, loss_cfg=LossConfig(lam=0.5, logprob_chunk=1024)),
         in_shardings=(p_sh, o_sh, b_sh),
@@ -72,15 +74,22 @@ def compile_step(preset: str, mesh_sizes: tuple[int, int, int], micro_per_device
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    breakdown = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-                 "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes}  # fmt: skip
+    breakdown = {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+    }
     return peak, breakdown, seconds
 
 
 def _row(micro: int, length: int, peak: int, breakdown: dict, seconds: float) -> str:
     fits = ", ".join(f"{g} {'fits' if peak <= cap * (1 - HEADROOM) else 'NO'}" for g, cap in GPUS.items())
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in breakdown.items())
-    return f"micro {micro:>2} × {length:>6} tokens: peak {peak / GIB:6.1f} GiB/device ({parts}) [{fits}] ({seconds:.0f} s to compile)"
+    return (
+        f"micro {micro:>2} × {length:>6} tokens: peak {peak / GIB:6.1f} GiB/device ({parts}) [{fits}] "
+        f"({seconds:.0f} s to compile)"
+    )
 
 
 def main() -> None:
@@ -93,7 +102,10 @@ def main() -> None:
     args = parser.parse_args()
     mesh = tuple(int(x) for x in args.mesh.split(","))
     config = get_preset(args.preset)
-    print(f"{args.preset}: {config.num_params() / 1e9:.2f}B params; mesh data,fsdp,tensor = {mesh}; fp32 params + AdamW, bf16 compute, remat")
+    print(
+        f"{args.preset}: {config.num_params() / 1e9:.2f}B params; mesh data,fsdp,tensor = {mesh}; "
+        "fp32 params + AdamW, bf16 compute, remat"
+    )
     for length in (int(x) for x in args.lengths.split(",")):
         print(_row(args.micro, length, *compile_step(args.preset, mesh, args.micro, length)))
     if not args.search:
@@ -102,7 +114,7 @@ def main() -> None:
         budget = cap * (1 - HEADROOM)
         print(f"{gpu}: {cap / 1e9:.0f} GB, budget with {HEADROOM:.0%} headroom {budget / GIB:.1f} GiB/device")
         for micro in (1, 2, 4, 8):
-            fits = lambda length: compile_step(args.preset, mesh, micro, length)[0]  # noqa: E731
+            fits = lambda length, micro=micro: compile_step(args.preset, mesh, micro, length)[0]  # noqa: E731
             low, high = None, 1024  # doubling, then bisection to a multiple of 1024 tokens
             while high <= 262144 and fits(high) <= budget:
                 low, high = high, high * 2

@@ -70,7 +70,9 @@ if REPO_ROOT is None and IN_COLAB:
     subprocess.run(["git", "clone", "--depth=1", REPO_URL, "rltldr_jax"], check=True)
     REPO_ROOT = os.path.abspath("rltldr_jax")
 if REPO_ROOT is None:
-    raise RuntimeError("run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set")
+    raise RuntimeError(
+        "run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set"
+    )
 INSTALLED_MARKER = "/tmp/rltldr_jax_installed"  # one install per Colab runtime
 if IN_COLAB and not os.path.exists(INSTALLED_MARKER):
     if shutil.which("nvidia-smi"):
@@ -94,13 +96,15 @@ print(f"repository {REPO_ROOT}\nrun directory {WORKDIR}\ntest mode: {TEST_MODE},
 def print_table(rows, columns, headers=None):
     """Prints dict rows as a fixed-width table (floats with 4 significant digits)."""
     headers = headers or columns
-    cells = [[f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
-             for r in rows]
+    cells = [
+        [f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+        for r in rows
+    ]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def show_png(path, width=7.0):
@@ -145,8 +149,13 @@ CACHE = os.path.join(REPLICATE_OUT, "pretrained") if TEST_MODE else os.path.join
 grid = {(arm, 0): replicate.arm_config(PRESET, arm, 0, {"pretrain.cache_dir": CACHE}) for arm in ARMS}
 for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
     logging.getLogger(name).setLevel(logging.WARNING)  # one summary line per run instead of one per phase
-paths = run_replication(grid, REPLICATE_OUT, title=f"Small-scale replication ({PRESET})",
-                        checks=replicate.CHECKS[PRESET], progress=not TEST_MODE)
+paths = run_replication(
+    grid,
+    REPLICATE_OUT,
+    title=f"Small-scale replication ({PRESET})",
+    checks=replicate.CHECKS[PRESET],
+    progress=not TEST_MODE,
+)
 print(open(os.path.join(REPLICATE_OUT, "results.md")).read())
 show_png(os.path.join(REPLICATE_OUT, "curves.png"), width=10)
 show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
@@ -178,19 +187,45 @@ from configs import base, sapi
 config = sapi.get_config("tiny")
 base.override(config, {"workdir": WORKDIR})
 if TEST_MODE:  # seconds instead of minutes: one task per phase, two attempts, a few tokens per step
-    base.override(config, {
-        "train.max_phases": 2, "rollout.tasks_per_phase": 1, "rollout.group_size": 2, "rollout.exact_group_size": True,
-        "rollout.max_steps": 2, "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1,
-        "batch.micro_batch_size": 2, "batch.pad_to_multiple": 512, "eval.num_tasks": 1, "eval.attempts_per_task": 2,
-        # keep the all-failure group so its actions reach the GRPO term (ratio and clip fraction are measured)
-        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
-    })  # fmt: skip
+    base.override(
+        config,
+        {
+            "train.max_phases": 2,
+            "rollout.tasks_per_phase": 1,
+            "rollout.group_size": 2,
+            "rollout.exact_group_size": True,
+            "rollout.max_steps": 2,
+            "rollout.max_think_tokens": 4,
+            "rollout.max_action_tokens": 8,
+            "batch.ppo_epochs": 1,
+            "batch.micro_batch_size": 2,
+            "batch.pad_to_multiple": 512,
+            "eval.num_tasks": 1,
+            "eval.attempts_per_task": 2,
+            # keep the all-failure group so its actions reach the GRPO term (ratio and clip fraction are measured)
+            "loss.filter_zero_advantage": False,
+            "loss.positive_ratio": 0.0,
+        },
+    )
 base.override(config, {"train.keep_checkpoints": config.train.max_phases + 1})
 config = base.validate(config)
 
-for key in ("model.preset", "env.name", "train.max_phases", "rollout.tasks_per_phase", "rollout.group_size",
-            "rollout.max_steps", "rollout.max_think_tokens", "rollout.max_action_tokens", "insight.source",
-            "insight.schedule", "loss.lam", "optim.learning_rate", "eval.num_tasks", "eval.attempts_per_task"):
+for key in (
+    "model.preset",
+    "env.name",
+    "train.max_phases",
+    "rollout.tasks_per_phase",
+    "rollout.group_size",
+    "rollout.max_steps",
+    "rollout.max_think_tokens",
+    "rollout.max_action_tokens",
+    "insight.source",
+    "insight.schedule",
+    "loss.lam",
+    "optim.learning_rate",
+    "eval.num_tasks",
+    "eval.attempts_per_task",
+):
     print(f"{key:28} {base.get(config, key)}")
 
 # %% [markdown]
@@ -234,9 +269,11 @@ try:
         t0 = time.time()
         metrics = trainer.run_phase()
         history.append({"phase": trainer.phase, **metrics})
-        print(f"phase {trainer.phase}: {metrics['rollout/counts/attempts']:.0f} attempts, "
-              f"{trainer.env_steps} environment steps so far, Pass@1 {metrics['rollout/pass@1/all']:.3f}, "
-              f"SFT NLL {metrics.get('update/sft_nll', math.nan):.3f} ({time.time() - t0:.0f} s)")
+        print(
+            f"phase {trainer.phase}: {metrics['rollout/counts/attempts']:.0f} attempts, "
+            f"{trainer.env_steps} environment steps so far, Pass@1 {metrics['rollout/pass@1/all']:.3f}, "
+            f"SFT NLL {metrics.get('update/sft_nll', math.nan):.3f} ({time.time() - t0:.0f} s)"
+        )
         if config.eval.every and trainer.phase % config.eval.every == 0:
             trainer.evaluate()
     final_eval = trainer.evaluate()
@@ -256,23 +293,35 @@ finally:
 
 # %%
 COLUMNS = {
-    "phase": "phase", "rollout/counts/env_steps": "env steps", "rollout/counts/attempts": "attempts",
-    "rollout/pass@1/all": "Pass@1", "rollout/pass@1/no_insight": "Pass@1 no-ins.", "insight/written": "insights",
-    "update/sft_nll": "SFT NLL", "update/sft_tokens": "SFT tok", "update/grpo_tokens": "GRPO tok",
-    "update/clip_fraction": "clip frac", "update/loss": "loss", "time/update_s": "update s",
-}  # fmt: skip
+    "phase": "phase",
+    "rollout/counts/env_steps": "env steps",
+    "rollout/counts/attempts": "attempts",
+    "rollout/pass@1/all": "Pass@1",
+    "rollout/pass@1/no_insight": "Pass@1 no-ins.",
+    "insight/written": "insights",
+    "update/sft_nll": "SFT NLL",
+    "update/sft_tokens": "SFT tok",
+    "update/grpo_tokens": "GRPO tok",
+    "update/clip_fraction": "clip frac",
+    "update/loss": "loss",
+    "time/update_s": "update s",
+}
 print_table(history, list(COLUMNS), list(COLUMNS.values()))
 print()
-print_table([final_eval], ["eval/counts/attempts", "eval/pass@1/all", f"eval/pass@{config.eval.attempts_per_task}/all"],
-            ["eval attempts", "eval Pass@1", f"eval Pass@{config.eval.attempts_per_task}"])
+print_table(
+    [final_eval],
+    ["eval/counts/attempts", "eval/pass@1/all", f"eval/pass@{config.eval.attempts_per_task}/all"],
+    ["eval attempts", "eval Pass@1", f"eval Pass@{config.eval.attempts_per_task}"],
+)
 
 # %% [markdown]
 # ### 2.4 Curves from the TensorBoard event files
 #
 # The trainer writes its scalars with TensorBoard's own event writer (no TensorFlow) to `{WORKDIR}/tb`, with the
 # **environment-step count** as the x-axis (the paper's x-axis; the runs `tb/by_tokens` and `tb/by_time` hold the same
-# scalars, tagged `by_tokens/*` and `by_time/*`, against generated tokens and wall time). `EventAccumulator` reads them back. In Colab you can also browse them
-# with TensorBoard's notebook extension (`%load_ext tensorboard`, then `%tensorboard --logdir runs/colab-tiny/tb`).
+# scalars, tagged `by_tokens/*` and `by_time/*`, against generated tokens and wall time). `EventAccumulator` reads them
+# back. In Colab you can also browse them with TensorBoard's notebook extension (`%load_ext tensorboard`, then
+# `%tensorboard --logdir runs/colab-tiny/tb`).
 
 # %%
 import matplotlib.pyplot as plt
@@ -292,8 +341,11 @@ def series(tag):
 fig, (ax_nll, ax_pass) = plt.subplots(1, 2, figsize=(11, 3.8))
 ax_nll.plot(*series("update/sft_nll"), marker="o")
 ax_nll.set(xlabel="environment steps", ylabel="NLL per insight token", title="L_SFT: NLL of the inserted insights")
-for tag, label in (("rollout/pass@1/all", "train, all attempts"), ("rollout/pass@1/no_insight", "train, no insight"),
-                   ("eval/pass@1/all", "held-out eval")):
+for tag, label in (
+    ("rollout/pass@1/all", "train, all attempts"),
+    ("rollout/pass@1/no_insight", "train, no insight"),
+    ("eval/pass@1/all", "held-out eval"),
+):
     steps, values = series(tag)
     ax_pass.plot(steps, [100 * v for v in values], marker="o", label=label)
 ax_pass.set(xlabel="environment steps", ylabel="Pass@1 (%)", title="Pass@1 (a random tiny model stays at 0)")
@@ -326,7 +378,9 @@ from rltldr_jax.train.evaluation import evaluate_checkpoint
 EVAL_JSON = os.path.join(WORKDIR, "eval", "eval_final.json")
 report = evaluate_checkpoint(config, f"{CKPT_DIR}:{config.train.max_phases}", EVAL_JSON)
 saved = json.load(open(EVAL_JSON))
-print(f"{saved['policy']}: {len(saved['per_task'])} tasks × {saved['attempts_per_task']} attempts in {saved['seconds']} s")
+print(
+    f"{saved['policy']}: {len(saved['per_task'])} tasks × {saved['attempts_per_task']} attempts in {saved['seconds']} s"
+)
 print("successes per task:", saved["per_task"])
 print(f"Pass@1: launch/eval.py {report['metrics']['eval/pass@1/all']:.3f}, trainer {final_eval['eval/pass@1/all']:.3f}")
 
@@ -360,16 +414,34 @@ QWEN_WORKDIR = os.path.join(REPO_ROOT, "runs", "colab-qwen3_5_0_8b")
 QWEN_MIN_MEMORY_GB = 15
 QWEN_FORCE = False
 QWEN_OVERRIDES = {  # on top of configs/sapi.py (the paper's setup); model.checkpoint is set after the download
-    "workdir": QWEN_WORKDIR, "model.preset": "qwen3_5_0_8b", "engine.kind": "jax", "engine.max_batch": 8,
-    "rollout.thinking": False, "rollout.tasks_per_phase": 4, "rollout.group_size": 4, "rollout.max_steps": 6,
-    "rollout.max_action_tokens": 384, "rollout.max_context_tokens": 4096, "env.max_observation_chars": 2000,
-    "insight.thinking": False, "insight.max_action_tokens": 256, "loss.sft_on_filtered": True,
-    "batch.micro_batch_size": max(2, jax.device_count()), "batch.grad_accum_steps": 4, "batch.pad_to_multiple": 1024,
-    "train.env_step_budget": 0, "train.max_phases": 4, "train.keep_checkpoints": 5,
-    "eval.every": 0, "eval.num_tasks": 16, "eval.attempts_per_task": 4,
-}  # fmt: skip
-print("the same run from the shell:\n  python launch/train.py --config=configs/sapi.py --config.model.checkpoint=DIR "
-      + " ".join(f"--config.{k}={v}" for k, v in QWEN_OVERRIDES.items()))
+    "workdir": QWEN_WORKDIR,
+    "model.preset": "qwen3_5_0_8b",
+    "engine.kind": "jax",
+    "engine.max_batch": 8,
+    "rollout.thinking": False,
+    "rollout.tasks_per_phase": 4,
+    "rollout.group_size": 4,
+    "rollout.max_steps": 6,
+    "rollout.max_action_tokens": 384,
+    "rollout.max_context_tokens": 4096,
+    "env.max_observation_chars": 2000,
+    "insight.thinking": False,
+    "insight.max_action_tokens": 256,
+    "loss.sft_on_filtered": True,
+    "batch.micro_batch_size": max(2, jax.device_count()),
+    "batch.grad_accum_steps": 4,
+    "batch.pad_to_multiple": 1024,
+    "train.env_step_budget": 0,
+    "train.max_phases": 4,
+    "train.keep_checkpoints": 5,
+    "eval.every": 0,
+    "eval.num_tasks": 16,
+    "eval.attempts_per_task": 4,
+}
+print(
+    "the same run from the shell:\n  python launch/train.py --config=configs/sapi.py --config.model.checkpoint=DIR "
+    + " ".join(f"--config.{k}={v}" for k, v in QWEN_OVERRIDES.items())
+)
 
 
 def hub_reachable(timeout=3.0):
@@ -388,8 +460,10 @@ elif jax.default_backend() not in ("gpu", "tpu"):
 else:
     limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
     if limit and limit < QWEN_MIN_MEMORY_GB * 1e9 and not QWEN_FORCE:
-        skip.append(f"{jax.devices()[0].device_kind} gives JAX {limit / 1e9:.1f} GB; the run needs about "
-                    f"{QWEN_MIN_MEMORY_GB} GB (QWEN_FORCE = True tries anyway)")
+        skip.append(
+            f"{jax.devices()[0].device_kind} gives JAX {limit / 1e9:.1f} GB; the run needs about "
+            f"{QWEN_MIN_MEMORY_GB} GB (QWEN_FORCE = True tries anyway)"
+        )
     if not hub_reachable():
         skip.append("huggingface.co is not reachable: the weights come from the hub")
 RUN_QWEN = not skip
@@ -410,8 +484,10 @@ if RUN_QWEN:
         qwen_trainer.save()  # step 0: the released weights (for notebook 2's Δθ)
         while not qwen_trainer.done():
             m = qwen_trainer.run_phase()
-            print(f"phase {qwen_trainer.phase}: Pass@1 {m['rollout/pass@1/all']:.3f} (no insight "
-                  f"{m['rollout/pass@1/no_insight']:.3f}), SFT NLL {m.get('update/sft_nll', math.nan):.3f}")
+            print(
+                f"phase {qwen_trainer.phase}: Pass@1 {m['rollout/pass@1/all']:.3f} (no insight "
+                f"{m['rollout/pass@1/no_insight']:.3f}), SFT NLL {m.get('update/sft_nll', math.nan):.3f}"
+            )
         qwen_eval = qwen_trainer.evaluate()
         print(f"held-out Pass@1 {qwen_eval['eval/pass@1/all']:.3f}, Pass@4 {qwen_eval['eval/pass@4/all']:.3f}")
     finally:

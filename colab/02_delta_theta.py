@@ -69,7 +69,9 @@ if REPO_ROOT is None and IN_COLAB:
     subprocess.run(["git", "clone", "--depth=1", REPO_URL, "rltldr_jax"], check=True)
     REPO_ROOT = os.path.abspath("rltldr_jax")
 if REPO_ROOT is None:
-    raise RuntimeError("run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set")
+    raise RuntimeError(
+        "run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set"
+    )
 INSTALLED_MARKER = "/tmp/rltldr_jax_installed"  # one install per Colab runtime
 if IN_COLAB and not os.path.exists(INSTALLED_MARKER):
     if shutil.which("nvidia-smi"):
@@ -93,13 +95,15 @@ print(f"repository {REPO_ROOT}\nrun directory {WORKDIR}\ntest mode: {TEST_MODE},
 def print_table(rows, columns, headers=None):
     """Prints dict rows as a fixed-width table (floats with 4 significant digits)."""
     headers = headers or columns
-    cells = [[f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
-             for r in rows]
+    cells = [
+        [f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+        for r in rows
+    ]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def show_png(path, width=7.0):
@@ -164,10 +168,14 @@ import matplotlib.pyplot as plt
 
 kinds = [r for r in rows if r["kind"] != dt.ALL]
 names = [r["kind"] for r in kinds]
-panels = (("l2", "‖Δθ‖₂", 1), ("exceed_bf16", ">bf16 (%)", 100), ("gini", "Gini of |Δθ|", 1),
-          ("top_share", "top-1% share of Δθ² (%)", 100))
+panels = (
+    ("l2", "‖Δθ‖₂", 1),
+    ("exceed_bf16", ">bf16 (%)", 100),
+    ("gini", "Gini of |Δθ|", 1),
+    ("top_share", "top-1% share of Δθ² (%)", 100),
+)
 fig, axes = plt.subplots(1, 4, figsize=(14, 3.4))
-for ax, (key, label, scale) in zip(axes, panels):
+for ax, (key, label, scale) in zip(axes, panels, strict=True):
     ax.bar(names, [scale * r[key] for r in kinds], color="tab:blue")
     ax.axhline(scale * rows[0][key], color="tab:red", lw=1, ls="--", label="all")
     ax.set_title(label)
@@ -192,14 +200,16 @@ dt.write_rows(os.path.join(OUT, "delta_theta_same.csv"), same)
 print(f"step {LAST} vs itself: ‖Δθ‖₁ = {same[0]['l1']}, changed entries {same[0]['changed']:.0%}")
 
 per_phase = []
-for a, b in zip(STEPS, STEPS[1:]):
+for a, b in zip(STEPS, STEPS[1:], strict=False):
     phase_rows = dt.compare(f"{CKPT_DIR}:{a}", f"{CKPT_DIR}:{b}").rows()
     dt.write_rows(os.path.join(OUT, f"delta_theta_{a}_{b}.csv"), phase_rows)
     per_phase.append({"from": a, "to": b, **phase_rows[0]})
 PERCENT = ("changed", "exceed_bf16", "top_share")
-print_table([{**r, **{k: 100 * r[k] for k in PERCENT}} for r in per_phase],
-            ["from", "to", "l1", "l2", "changed", "exceed_bf16", "gini", "top_share"],
-            ["from", "to", "‖Δθ‖₁", "‖Δθ‖₂", "changed %", ">bf16 %", "Gini", "top-1% share %"])
+print_table(
+    [{**r, **{k: 100 * r[k] for k in PERCENT}} for r in per_phase],
+    ["from", "to", "l1", "l2", "changed", "exceed_bf16", "gini", "top_share"],
+    ["from", "to", "‖Δθ‖₁", "‖Δθ‖₂", "changed %", ">bf16 %", "Gini", "top-1% share %"],
+)
 
 # %% [markdown]
 # ## 4. Export to Hugging Face format and compare orbax with HF
@@ -231,8 +241,11 @@ for dtype, directory in exports.items():
     rows_hf = dt.compare(B, directory).rows()
     dt.write_rows(os.path.join(OUT, f"orbax_vs_hf_{dtype}.csv"), rows_hf)
     hf_rows.append({"export": dtype, **rows_hf[0]})
-print_table([{**r, **{k: 100 * r[k] for k in PERCENT}} for r in hf_rows], ["export", "l1", "l2", "changed", "exceed_bf16"],
-            ["export", "‖Δθ‖₁", "‖Δθ‖₂", "changed %", ">bf16 %"])
+print_table(
+    [{**r, **{k: 100 * r[k] for k in PERCENT}} for r in hf_rows],
+    ["export", "l1", "l2", "changed", "exceed_bf16"],
+    ["export", "‖Δθ‖₁", "‖Δθ‖₂", "changed %", ">bf16 %"],
+)
 assert hf_rows[0]["l1"] == 0.0 and hf_rows[1]["exceed_bf16"] == 0.0
 
 # %%

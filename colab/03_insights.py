@@ -70,7 +70,9 @@ if REPO_ROOT is None and IN_COLAB:
     subprocess.run(["git", "clone", "--depth=1", REPO_URL, "rltldr_jax"], check=True)
     REPO_ROOT = os.path.abspath("rltldr_jax")
 if REPO_ROOT is None:
-    raise RuntimeError("run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set")
+    raise RuntimeError(
+        "run this notebook from a checkout of rltldr_jax (it lives in colab/), or in Colab with REPO_URL set"
+    )
 INSTALLED_MARKER = "/tmp/rltldr_jax_installed"  # one install per Colab runtime
 if IN_COLAB and not os.path.exists(INSTALLED_MARKER):
     if shutil.which("nvidia-smi"):
@@ -94,13 +96,15 @@ print(f"repository {REPO_ROOT}\nrun directory {WORKDIR}\ntest mode: {TEST_MODE},
 def print_table(rows, columns, headers=None):
     """Prints dict rows as a fixed-width table (floats with 4 significant digits)."""
     headers = headers or columns
-    cells = [[f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
-             for r in rows]
+    cells = [
+        [f"{r.get(c, float('nan')):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+        for r in rows
+    ]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def show_png(path, width=7.0):
@@ -147,7 +151,9 @@ tokenizer = load_tokenizer(config.tokenizer or config.model.checkpoint or None)
 builder = context_builder(config, tokenizer)
 records = ro.load_rollouts(WORKDIR)
 ANALYSIS = os.path.join(WORKDIR, "analysis")
-print(f"{len(records)} attempts of {len({r.task_id for r in records})} tasks in {len({r.phase for r in records})} phases")
+print(
+    f"{len(records)} attempts of {len({r.task_id for r in records})} tasks in {len({r.phase for r in records})} phases"
+)
 
 
 def clip(text, n=90):
@@ -155,11 +161,21 @@ def clip(text, n=90):
 
 
 print_table(
-    [{"phase": r.phase, "task": r.task_id, "attempt": r.attempt.index, "in context": len(r.attempt.insights),
-      "steps": r.attempt.env_steps, "end": r.attempt.end, "success": r.success,
-      "insight written": clip(r.written_insight or "-")} for r in records],
+    [
+        {
+            "phase": r.phase,
+            "task": r.task_id,
+            "attempt": r.attempt.index,
+            "in context": len(r.attempt.insights),
+            "steps": r.attempt.env_steps,
+            "end": r.attempt.end,
+            "success": r.success,
+            "insight written": clip(r.written_insight or "-"),
+        }
+        for r in records
+    ],
     ["phase", "task", "attempt", "in context", "steps", "end", "success", "insight written"],
-)  # fmt: skip
+)
 
 # %% [markdown]
 # ## 2. What the policy saw, and what L_SFT trained
@@ -192,8 +208,10 @@ def marked(example):
 with_insights = [r for r in records if r.attempt.insights]
 if with_insights:
     example = attempt_examples(with_insights[0].attempt, 0.0, builder)[0]
-    print(f"task {with_insights[0].task_id}, attempt {with_insights[0].attempt.index}, step 1 "
-          f"({int(np.sum(example.insight_mask))} SFT tokens, {int(np.sum(example.action_mask))} GRPO tokens):\n")
+    print(
+        f"task {with_insights[0].task_id}, attempt {with_insights[0].attempt.index}, step 1 "
+        f"({int(np.sum(example.insight_mask))} SFT tokens, {int(np.sum(example.action_mask))} GRPO tokens):\n"
+    )
     print(marked(example))
 else:
     print("no attempt had insights in context (insights are inserted once a task has failed attempts)")
@@ -209,8 +227,10 @@ else:
 try:
     categories = ro.insight_categories(records)
     ro.write_categories(categories, ANALYSIS)
-    print_table([{"category": k, "count": categories.counts[k], "share": categories.shares[k]} for k in ro.CATEGORY_NAMES],
-                ["category", "count", "share"])
+    print_table(
+        [{"category": k, "count": categories.counts[k], "share": categories.shares[k]} for k in ro.CATEGORY_NAMES],
+        ["category", "count", "share"],
+    )
     show_png(os.path.join(ANALYSIS, "categories.png"))
 except ValueError as e:  # a run without an insight writer (GRPO) has no insights
     print(f"categories: {e}")
@@ -225,15 +245,22 @@ except ValueError as e:  # a run without an insight writer (GRPO) has no insight
 # %%
 evolution = ro.insight_evolution(records)
 ro.write_evolution(evolution, ANALYSIS)
-print(f"evolution: {evolution.n_tasks} tasks with insights in ≥ 2 visits; dissimilarity within a visit "
-      f"{evolution.mean_within:.2f} vs across visits {evolution.mean_across:.2f} (paper 0.19 vs 0.82, n = 92)")
+print(
+    f"evolution: {evolution.n_tasks} tasks with insights in ≥ 2 visits; dissimilarity within a visit "
+    f"{evolution.mean_within:.2f} vs across visits {evolution.mean_across:.2f} (paper 0.19 vs 0.82, n = 92)"
+)
 
 revisits = ro.revisited_tasks(records)
 ro.write_revisits(revisits, ANALYSIS)
-print(f"revisits: {revisits.n} paired tasks, success without insight {revisits.mean_first:.3f} → {revisits.mean_last:.3f} "
-      f"(p = {revisits.p_value:.3g}; paper 0.138 → 0.253, n = 85, p = 0.001)")
-print(f"never revisited: {revisits.never_n_first} tasks in the first half, {revisits.never_n_second} in the second, "
-      f"change {100 * revisits.never_change:+.1f} pp (paper +12.4 pp)")
+print(
+    f"revisits: {revisits.n} paired tasks, "
+    f"success without insight {revisits.mean_first:.3f} → {revisits.mean_last:.3f} "
+    f"(p = {revisits.p_value:.3g}; paper 0.138 → 0.253, n = 85, p = 0.001)"
+)
+print(
+    f"never revisited: {revisits.never_n_first} tasks in the first half, {revisits.never_n_second} in the second, "
+    f"change {100 * revisits.never_change:+.1f} pp (paper +12.4 pp)"
+)
 show_png(os.path.join(ANALYSIS, "revisits.png"), width=8)
 
 # %% [markdown]
@@ -250,8 +277,10 @@ from rltldr_jax.analysis.reliance import insight_reliance, load_policy, write_re
 policy, what = load_policy(f"{CKPT_DIR}:{LAST}")
 reliance = insight_reliance(records, policy, builder, max_per_phase=2 if TEST_MODE else 16)
 write_reliance(reliance, ANALYSIS)
-print(f"reliance under {what}: {len(reliance.attempts)} attempts scored; first half {reliance.first_half:+.3f}, "
-      f"second half {reliance.second_half:+.3f} (paper +0.009 → +0.034)")
+print(
+    f"reliance under {what}: {len(reliance.attempts)} attempts scored; first half {reliance.first_half:+.3f}, "
+    f"second half {reliance.second_half:+.3f} (paper +0.009 → +0.034)"
+)
 print("written:", sorted(f for f in os.listdir(ANALYSIS) if f.endswith(".csv")))
 
 # %% [markdown]
@@ -279,21 +308,37 @@ teacher, teacher_tokenizer = teacher_engine(engine_config)
 try:
     writer = InsightWriter.from_config(config, tokenizer, engine, teacher, teacher_tokenizer)
     curves = ic.insight_curves(
-        engine, builder, config, tasks=tasks, writer=writer, max_k=MAX_K, make_env=env_maker(config),
-    )  # fmt: skip
+        engine,
+        builder,
+        config,
+        tasks=tasks,
+        writer=writer,
+        max_k=MAX_K,
+        make_env=env_maker(config),
+    )
 finally:
     close_engine(engine)
     close_engine(teacher)
 ic.write_curves(curves, CURVES)
 print(f"{what}, {len(tasks)} tasks, k ≤ {MAX_K}")
-print_table([{"mode": ic.MODE_LABELS[m], **{f"Pass@{k}": float(r.pass_at_k[k - 1]) for k in range(1, MAX_K + 1)},
-              "insights at k": str(r.mean_insights.tolist())} for m, r in curves.items()],
-            ["mode", *[f"Pass@{k}" for k in range(1, MAX_K + 1)], "insights at k"])
+print_table(
+    [
+        {
+            "mode": ic.MODE_LABELS[m],
+            **{f"Pass@{k}": float(r.pass_at_k[k - 1]) for k in range(1, MAX_K + 1)},
+            "insights at k": str(r.mean_insights.tolist()),
+        }
+        for m, r in curves.items()
+    ],
+    ["mode", *[f"Pass@{k}" for k in range(1, MAX_K + 1)], "insights at k"],
+)
 show_png(os.path.join(CURVES, "insight_curves.png"), width=5.5)
 
 # %% [markdown]
 # ## From the shell
 #
 #     python launch/analyze_rollouts.py --run=runs/colab-tiny                          # categories, evolution, revisits
-#     python launch/analyze_rollouts.py --run=runs/colab-tiny --analysis=reliance --checkpoint=runs/colab-tiny/checkpoints
-#     python launch/insight_curves.py --config=configs/sapi.py:tiny --checkpoint=runs/colab-tiny/checkpoints:0 --max_k=4 --num_tasks=4
+#     python launch/analyze_rollouts.py --run=runs/colab-tiny --analysis=reliance \\
+#         --checkpoint=runs/colab-tiny/checkpoints
+#     python launch/insight_curves.py --config=configs/sapi.py:tiny --checkpoint=runs/colab-tiny/checkpoints:0 \\
+#         --max_k=4 --num_tasks=4

@@ -50,8 +50,12 @@ def notebook(source: str) -> dict[str, Any]:
     for i, cell in enumerate(jupytext.read(source, fmt="py:percent").cells):
         if cell.cell_type not in ("markdown", "code"):
             raise ValueError(f"{source}: cell {i} is a {cell.cell_type} cell (only markdown and code cells)")
-        out = {"cell_type": cell.cell_type, "id": f"nb{stem}-{i:02d}", "metadata": dict(cell.metadata),
-               "source": _lines(cell.source)}  # fmt: skip
+        out = {
+            "cell_type": cell.cell_type,
+            "id": f"nb{stem}-{i:02d}",
+            "metadata": dict(cell.metadata),
+            "source": _lines(cell.source),
+        }
         if cell.cell_type == "code":
             out.update(execution_count=None, outputs=[])
         cells.append(out)
@@ -75,8 +79,14 @@ def render(source: str) -> str:
 def setup_section(nb: dict[str, Any]) -> list[str]:
     """The sources of the set-up cells: the "## 0. Set-up" markdown cell and the code cells after it."""
     cells = nb["cells"]
-    start = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
-                  and "".join(c["source"]).startswith(SETUP_HEADING)), None)  # fmt: skip
+    start = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown" and "".join(c["source"]).startswith(SETUP_HEADING)
+        ),
+        None,
+    )
     if start is None:
         return []
     section = [cells[start]]
@@ -125,8 +135,11 @@ def main(argv: list[str]) -> int:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
             print(f"wrote {path}")
-    orphans = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(HERE, "*.ipynb")))
-               if os.path.basename(p) not in built]  # fmt: skip
+    orphans = [
+        os.path.basename(p)
+        for p in sorted(glob.glob(os.path.join(HERE, "*.ipynb")))
+        if os.path.basename(p) not in built
+    ]
     status = 0
     if stale:
         print(f"out of date (run python colab/build_notebooks.py): {', '.join(stale)}", file=sys.stderr)

@@ -102,8 +102,16 @@ _ENTRIES: tuple[Ablation, ...] = (
         "NLL of the actions of successful attempts of a saved RLTL;DR run; insights in context, not trained on; "
         "10 epochs.",
     ),
-    Ablation("sft_rollouts_1k", "Table 2 SFT on 1k rollouts: eval 21.0 %", {"mode": "sft", "sft.data": "rollouts", "sft.num_rollouts": 1000}),
-    Ablation("sft_rollouts_100", "Table 2 SFT on 100 rollouts: eval 20.8 %", {"mode": "sft", "sft.data": "rollouts", "sft.num_rollouts": 100}),
+    Ablation(
+        "sft_rollouts_1k",
+        "Table 2 SFT on 1k rollouts: eval 21.0 %",
+        {"mode": "sft", "sft.data": "rollouts", "sft.num_rollouts": 1000},
+    ),
+    Ablation(
+        "sft_rollouts_100",
+        "Table 2 SFT on 100 rollouts: eval 20.8 %",
+        {"mode": "sft", "sft.data": "rollouts", "sft.num_rollouts": 100},
+    ),
     Ablation(
         "sftldr",
         "Table 2 SFTL;DR on insights: eval 16.8 %",
@@ -117,7 +125,9 @@ _ENTRIES: tuple[Ablation, ...] = (
         "Unique (task, insight) pairs (4k in the paper), each trained alone.",
     ),
     # --- Table 3: insight content, generator, amount ----------------------------------------------------
-    Ablation("content_diagnostic", "Table 3 content: diagnostic paragraph (eval 18.6 %)", {"insight.content": "feedback"}),
+    Ablation(
+        "content_diagnostic", "Table 3 content: diagnostic paragraph (eval 18.6 %)", {"insight.content": "feedback"}
+    ),
     Ablation(
         "content_summary_diagnostic",
         "Table 3 content: summary + diagnostic paragraph (eval 16.0 %)",
@@ -128,7 +138,9 @@ _ENTRIES: tuple[Ablation, ...] = (
         "Table 3 content: summary + diagnostic + corrected code (eval 17.3 %)",
         {"insight.content": "summary_feedback_code"},
     ),
-    Ablation("generator_nonthinking", "Table 3 generator: student, non-thinking (eval 19.8 %)", {"insight.thinking": False}),
+    Ablation(
+        "generator_nonthinking", "Table 3 generator: student, non-thinking (eval 19.8 %)", {"insight.thinking": False}
+    ),
     Ablation(
         "generator_no_failed_tests",
         "Table 3 generator: student, no info about failed unit tests (eval 10.0 %)",
@@ -159,7 +171,11 @@ _ENTRIES: tuple[Ablation, ...] = (
         "Needs --config.insight.teacher.servers (or .checkpoint).",
     ),
     *(
-        Ablation(f"insights_{n}", f"Table 3 amount: {n} insight{'s' if n > 1 else ''} (eval {e})", {"insight.max_insights": n})
+        Ablation(
+            f"insights_{n}",
+            f"Table 3 amount: {n} insight{'s' if n > 1 else ''} (eval {e})",
+            {"insight.max_insights": n},
+        )
         for n, e in ((1, "18.9 %"), (2, "19.3 %"), (4, "17.8 %"), (8, "20.3 %"), (16, "19.2 %, the default"))
     ),
     # --- Table 8: insight-generator SFT (RLTF-FM) and self-play insight SFT ----------------------------
@@ -185,9 +201,21 @@ _ENTRIES: tuple[Ablation, ...] = (
         {"loss.writer_sft_coef": 0.5, "loss.writer_sft_filter": "next_success"},
     ),
     # --- Table 9: insertion schedule, advantages, off-policy, std -------------------------------------
-    Ablation("threshold_0.1_lambda_0.1", "Table 9 insert if <= 0.1 running success, λ = 0.1: 14.2 %", {"insight.threshold": 0.1, "loss.lam": 0.1}),
-    Ablation("threshold_0.33_lambda_0.1", "Table 9 insert if <= 0.33, λ = 0.1: 15.3 %", {"insight.threshold": 0.33, "loss.lam": 0.1}),
-    Ablation("threshold_0.5_lambda_0.1", "Table 9 insert if <= 0.5, λ = 0.1: 17.1 %", {"insight.threshold": 0.5, "loss.lam": 0.1}),
+    Ablation(
+        "threshold_0.1_lambda_0.1",
+        "Table 9 insert if <= 0.1 running success, λ = 0.1: 14.2 %",
+        {"insight.threshold": 0.1, "loss.lam": 0.1},
+    ),
+    Ablation(
+        "threshold_0.33_lambda_0.1",
+        "Table 9 insert if <= 0.33, λ = 0.1: 15.3 %",
+        {"insight.threshold": 0.33, "loss.lam": 0.1},
+    ),
+    Ablation(
+        "threshold_0.5_lambda_0.1",
+        "Table 9 insert if <= 0.5, λ = 0.1: 17.1 %",
+        {"insight.threshold": 0.5, "loss.lam": 0.1},
+    ),
     Ablation(
         "first10_lambda_0.1",
         "Table 9 insert if <= 3 of the first 10 rollouts successful, λ = 0.1: 19.2 %",

@@ -11,7 +11,15 @@ from configs import base
 
 
 def _paper(c) -> None:
-    base.override(c, {"env.name": "appworld", "env.train_split": "train+dev+test_normal", "env.eval_split": "test_challenge", "eval.num_tasks": 417})
+    base.override(
+        c,
+        {
+            "env.name": "appworld",
+            "env.train_split": "train+dev+test_normal",
+            "env.eval_split": "test_challenge",
+            "eval.num_tasks": 417,
+        },
+    )
 
 
 def _tiny(c) -> None:

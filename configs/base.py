@@ -1,7 +1,8 @@
 """Every knob of RLTL;DR in one documented ConfigDict, with the paper's values as defaults.
 
-The defaults are the paper's SAPI/AppWorld setting (Table 4 and §3–A.4 of arXiv 2609.37633). Environment files (`sapi.py`, `appworld.py`, `leetcode.py`) start
-from `get_config()` and change what differs; `ablations.py` holds every table row as named overrides.
+The defaults are the paper's SAPI/AppWorld setting (Table 4 and §3–A.4 of arXiv 2609.37633). Environment files
+(`sapi.py`, `appworld.py`, `leetcode.py`) start from `get_config()` and change what differs; `ablations.py` holds
+every table row as named overrides.
 
 Values the paper does not give are marked "not in the paper" with the choice made here.
 
@@ -46,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- Policy model --------------------------------------------------------------------------------
     c.model = ml_collections.ConfigDict()
-    # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny | replicate_xs | replicate_s | replicate_m
+    # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny | replicate_xs | replicate_s
+    # | replicate_m
     c.model.preset = "qwen3_5_9b"
     # HF checkpoint directory (safetensors + config.json) to start from; "" = random init (tiny), or the pretrained
     # checkpoint of `pretrain.*` when pretrain.steps > 0
@@ -124,7 +126,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The teacher of insight.source=teacher (GLM 5.2 in Table 3) is frozen: it never receives weight pushes.
     c.insight.teacher.checkpoint = ""  # HF checkpoint of the teacher: run on an embedded JaxEngine (Qwen 3.5 family)
     c.insight.teacher.servers = ""  # or: comma-separated host:port of gRPC generation servers already hosting it
-    c.insight.teacher.tokenizer = ""  # its tokenizer.json or checkpoint dir if it differs ("" = the checkpoint's/policy's)
+    c.insight.teacher.tokenizer = (
+        ""  # its tokenizer.json or checkpoint dir if it differs ("" = the checkpoint's/policy's)
+    )
 
     # --- Loss: L = grpo_coef·L_GRPO + λ·L_SFT (§3.3, A.3) ----------------------------------------------
     c.loss = ml_collections.ConfigDict()
@@ -180,7 +184,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- Generation engine -----------------------------------------------------------------------------
     c.engine = ml_collections.ConfigDict()
-    c.engine.kind = "sglang"  # jax (embedded, CPU/Colab/tests) | sglang (SGLang servers over gRPC) | grpc (launch/serve.py)
+    c.engine.kind = (
+        "sglang"  # jax (embedded, CPU/Colab/tests) | sglang (SGLang servers over gRPC) | grpc (launch/serve.py)
+    )
     c.engine.servers = ""  # comma-separated host:port of the servers' gRPC listeners (sglang | grpc)
     # SGLang's HTTP base URLs (http://host:port, same order as servers): weight pushes with version labels go to
     # POST /update_weights_from_disk there (SGLang's gRPC update has no version field). launch/serve_sglang.py
@@ -418,7 +424,8 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     http_servers = [a for a in c.engine.http_servers.split(",") if a.strip()]
     if http_servers and len(http_servers) != len(servers):
         errors.append(
-            f"engine.http_servers lists {len(http_servers)} URLs for {len(servers)} engine.servers; give one per server, same order"
+            f"engine.http_servers lists {len(http_servers)} URLs for {len(servers)} engine.servers; "
+            "give one per server, same order"
         )
     if c.insight.source == "teacher" and not (c.insight.teacher.checkpoint or c.insight.teacher.servers):
         errors.append(
@@ -433,12 +440,15 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:
         errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
     # Rules that the library parts also enforce: each lives once, in the module that needs it.
-    errors += filter(None, [
-        exact_group_size_error(c.rollout.exact_group_size, c.rollout.workers_per_task, prefix="rollout."),
-        weight_decay_error(c.optim.name, c.optim.weight_decay),
-        top_k_error(c.rollout.top_k, prefix="rollout."),
-        mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
-    ])  # fmt: skip
+    errors += filter(
+        None,
+        [
+            exact_group_size_error(c.rollout.exact_group_size, c.rollout.workers_per_task, prefix="rollout."),
+            weight_decay_error(c.optim.name, c.optim.weight_decay),
+            top_k_error(c.rollout.top_k, prefix="rollout."),
+            mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
+        ],
+    )
     if c.loss.insight_rollouts != "in_context" and c.insight.schedule == "never":
         errors.append(
             f"loss.insight_rollouts={c.loss.insight_rollouts!r} needs insight-conditioned attempts, but "
@@ -507,9 +517,15 @@ def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_co
 
 #: Config keys holding a file or directory: made absolute by `absolute_paths` when the config is resolved.
 PATH_KEYS = (
-    "workdir", "tokenizer", "model.checkpoint", "insight.teacher.checkpoint", "insight.teacher.tokenizer",
-    "engine.weight_sync_dir", "sft.rollouts_dir", "pretrain.cache_dir",
-)  # fmt: skip
+    "workdir",
+    "tokenizer",
+    "model.checkpoint",
+    "insight.teacher.checkpoint",
+    "insight.teacher.tokenizer",
+    "engine.weight_sync_dir",
+    "sft.rollouts_dir",
+    "pretrain.cache_dir",
+)
 
 
 def absolute_path(path: str) -> str:
@@ -537,8 +553,8 @@ def absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 def apply_tiny(c: ml_collections.ConfigDict) -> None:
     """Shrinks any paper config to a tiny random Qwen 3.5 on the embedded engine: a few phases in CPU minutes.
 
-    The insight source is `rule` (insights by rule from the verifier's report), so an untrained model still exercises insertion and the
-    SFT mask.
+    The insight source is `rule` (insights by rule from the verifier's report), so an untrained model still exercises
+    insertion and the SFT mask.
     """
     override(
         c,

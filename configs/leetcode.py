@@ -32,7 +32,15 @@ def _paper(c) -> None:
 def _tiny(c) -> None:
     _paper(c)
     base.apply_tiny(c)
-    base.override(c, {"rollout.max_steps": 1, "rollout.thinking": False, "rollout.max_think_tokens": 0, "rollout.max_action_tokens": 96})
+    base.override(
+        c,
+        {
+            "rollout.max_steps": 1,
+            "rollout.thinking": False,
+            "rollout.max_think_tokens": 0,
+            "rollout.max_action_tokens": 96,
+        },
+    )
 
 
 PRESETS = {"paper": _paper, "tiny": _tiny}

@@ -56,8 +56,17 @@ ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
 }
 
 #: The arms of the full grid (the declarative ones run on request: --arms=...).
-CORE_ARMS = ("grpo", "rltldr", "lambda_0", "lambda_0.03", "lambda_0.1", "lambda_0.5", "sft_only", "sftldr",
-             "uninformative_insights")  # fmt: skip
+CORE_ARMS = (
+    "grpo",
+    "rltldr",
+    "lambda_0",
+    "lambda_0.03",
+    "lambda_0.1",
+    "lambda_0.5",
+    "sft_only",
+    "sftldr",
+    "uninformative_insights",
+)
 
 #: preset -> (default arms, default seeds) of `launch/replicate.py`.
 GRIDS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
@@ -140,20 +149,42 @@ def _quick(c) -> None:
 
 def _gpu(c) -> None:
     _default(c)
-    base.override(c, {"name": "replicate-gpu", "model.preset": "replicate_m", "pretrain.steps": 4000, "pretrain.batch_size": 64,
-                      "optim.learning_rate": 3e-4, "train.env_step_budget": 64 * 100, "eval.num_tasks": 120,
-                      "eval.train_num_tasks": 120})  # fmt: skip
+    base.override(
+        c,
+        {
+            "name": "replicate-gpu",
+            "model.preset": "replicate_m",
+            "pretrain.steps": 4000,
+            "pretrain.batch_size": 64,
+            "optim.learning_rate": 3e-4,
+            "train.env_step_budget": 64 * 100,
+            "eval.num_tasks": 120,
+            "eval.train_num_tasks": 120,
+        },
+    )
 
 
 def _smoke(c) -> None:
     _default(c)
     base.override(
         c,
-        {"name": "replicate-smoke", "model.preset": "replicate_xs", "pretrain.steps": 4, "pretrain.batch_size": 4,
-         "rollout.tasks_per_phase": 2, "rollout.group_size": 2, "train.env_step_budget": 4, "eval.every": 0,
-         "eval.num_tasks": 2, "eval.train_num_tasks": 2, "eval.attempts_per_task": 1, "sft.epochs": 1,
-         "batch.micro_batch_size": 4, "engine.max_batch": 8},
-    )  # fmt: skip
+        {
+            "name": "replicate-smoke",
+            "model.preset": "replicate_xs",
+            "pretrain.steps": 4,
+            "pretrain.batch_size": 4,
+            "rollout.tasks_per_phase": 2,
+            "rollout.group_size": 2,
+            "train.env_step_budget": 4,
+            "eval.every": 0,
+            "eval.num_tasks": 2,
+            "eval.train_num_tasks": 2,
+            "eval.attempts_per_task": 1,
+            "sft.epochs": 1,
+            "batch.micro_batch_size": 4,
+            "engine.max_batch": 8,
+        },
+    )
 
 
 PRESETS = {"default": _default, "quick": _quick, "gpu": _gpu, "smoke": _smoke}

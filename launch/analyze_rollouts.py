@@ -4,7 +4,8 @@
     python launch/analyze_rollouts.py --run=runs/sapi-rltldr --analysis=revisits --out=/tmp/revisits
     python launch/analyze_rollouts.py --run=runs/sapi-rltldr --analysis=reliance \\
         --checkpoint=runs/sapi-rltldr/checkpoints            # latest step; or checkpoints:120, or an HF directory
-    python launch/analyze_rollouts.py --run=... --analysis=reliance --checkpoint=runs/X/checkpoints --reliance_policy=per_phase
+    python launch/analyze_rollouts.py --run=... --analysis=reliance --checkpoint=runs/X/checkpoints \\
+        --reliance_policy=per_phase
 
 Reads `{run}/rollouts/phase_*.jsonl` (written when `rollout.save_rollouts=True`, the default). Analyses
 (`rltldr_jax.analysis`): `evolution` (E.4, insight dissimilarity within vs across visits), `revisits` (E.2,
@@ -36,17 +37,25 @@ _RUN = define_path("run", None, "The run's workdir (holding rollouts/phase_*.jso
 _ANALYSIS = flags.DEFINE_enum("analysis", "all", (*ANALYSES, "all"), "Which analysis to run.")
 _OUT = define_path("out", None, "Output directory for the CSVs and PNGs (default: {run}/analysis).")
 _CHECKPOINT = define_path(
-    "checkpoint", None, "Reliance: the policy, an HF directory or a run's checkpoints DIR[:STEP] (default: latest step)."
+    "checkpoint",
+    None,
+    "Reliance: the policy, an HF directory or a run's checkpoints DIR[:STEP] (default: latest step).",
 )
 _POLICY = flags.DEFINE_enum(
-    "reliance_policy", "fixed", ("fixed", "per_phase"),
+    "reliance_policy",
+    "fixed",
+    ("fixed", "per_phase"),
     "Reliance: score every phase with --checkpoint (fixed), or each phase with the training checkpoint that "
     "sampled it (per_phase; --checkpoint must be a run's checkpoints directory that kept them).",
-)  # fmt: skip
+)
 _TOKENIZER = define_path("tokenizer", None, "Reliance: tokenizer.json or directory (default: the run's).")
 _THINKING = flags.DEFINE_bool("thinking", None, "Reliance: thinking-mode contexts (default: the run's, else on).")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "Reliance: activation dtype of the forward pass.")
-_MAX_PER_PHASE = flags.DEFINE_integer("max_per_phase", 0, "Reliance: score at most this many attempts per phase (0 = all).")
+_DTYPE = flags.DEFINE_enum(
+    "dtype", "float32", ("float32", "bfloat16"), "Reliance: activation dtype of the forward pass."
+)
+_MAX_PER_PHASE = flags.DEFINE_integer(
+    "max_per_phase", 0, "Reliance: score at most this many attempts per phase (0 = all)."
+)
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Reliance: contexts per forward pass.")
 _UNIQUE = flags.DEFINE_bool("unique_insights", False, "Categories: count each distinct insight of a task once.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the permutation test's Monte Carlo draws and of --max_per_phase.")
@@ -69,13 +78,22 @@ def _builder(checkpoint: str):
     tokenizer = _TOKENIZER.value
     if tokenizer is None:
         candidates = [recorded.get("tokenizer"), (recorded.get("model") or {}).get("checkpoint"), directory]
-        tokenizer = next((c for c in candidates if c and os.path.exists(os.path.join(c, "tokenizer.json") if os.path.isdir(c) else c)), None)
+        tokenizer = next(
+            (
+                c
+                for c in candidates
+                if c and os.path.exists(os.path.join(c, "tokenizer.json") if os.path.isdir(c) else c)
+            ),
+            None,
+        )
     thinking = _THINKING.value
     if thinking is None:
         thinking = bool((recorded.get("rollout") or {}).get("thinking", True))
     content = (recorded.get("insight") or {}).get("content", "hint")
-    print(f"reliance contexts: tokenizer {tokenizer or 'built-in Qwen 3.5'}, thinking={thinking}, "
-          f"insight content {content}")
+    print(
+        f"reliance contexts: tokenizer {tokenizer or 'built-in Qwen 3.5'}, thinking={thinking}, "
+        f"insight content {content}"
+    )
     return ContextBuilder(load_tokenizer(tokenizer), thinking=thinking, insight_scaffold=insight_scaffold(content))
 
 
@@ -91,7 +109,9 @@ def _reliance(records, out: str) -> list[str]:
     from rltldr_jax.checkpoint import split_step
 
     if not _CHECKPOINT.value:
-        raise ValueError("--analysis=reliance needs the policy: --checkpoint=runs/X/checkpoints[:STEP] or an HF directory")
+        raise ValueError(
+            "--analysis=reliance needs the policy: --checkpoint=runs/X/checkpoints[:STEP] or an HF directory"
+        )
     dtype = getattr(jnp, _DTYPE.value)
     builder = _builder(_CHECKPOINT.value)
     if _POLICY.value == "per_phase":
@@ -103,8 +123,9 @@ def _reliance(records, out: str) -> list[str]:
     else:
         policy, what = load_policy(_CHECKPOINT.value, compute_dtype=dtype)
         print(f"reliance policy: {what}")
-    result = insight_reliance(records, policy, builder, max_per_phase=_MAX_PER_PHASE.value or None, seed=_SEED.value,
-                              batch_size=_BATCH.value)  # fmt: skip
+    result = insight_reliance(
+        records, policy, builder, max_per_phase=_MAX_PER_PHASE.value or None, seed=_SEED.value, batch_size=_BATCH.value
+    )
     if not result.attempts:
         print("reliance: no successful attempt with insights in context to score")
     print(f"reliance: {_fmt(result.summary())}")
@@ -122,7 +143,9 @@ def main(argv: list[str]) -> int:
     from rltldr_jax.analysis import rollouts as ro
 
     out = _OUT.value or os.path.join(_RUN.value, "analysis")
-    wanted = [_ANALYSIS.value] if _ANALYSIS.value != "all" else [*ANALYSES[:3], *(["reliance"] if _CHECKPOINT.value else [])]
+    wanted = (
+        [_ANALYSIS.value] if _ANALYSIS.value != "all" else [*ANALYSES[:3], *(["reliance"] if _CHECKPOINT.value else [])]
+    )
     try:
         records = ro.load_rollouts(_RUN.value)
     except (FileNotFoundError, ValueError) as e:

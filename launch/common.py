@@ -22,7 +22,10 @@ def define_config_flags(ablation_help: str = "A named baseline/ablation of confi
     """`--config=FILE[:PRESET]` (with `--config.KEY=VALUE` overrides) and `--ablation=NAME`; resolve with
     `resolve_config`."""
     config = config_flags.DEFINE_config_file(
-        "config", os.path.join(REPO_ROOT, "configs", "sapi.py"), "Config file, with an optional :preset.", lock_config=True
+        "config",
+        os.path.join(REPO_ROOT, "configs", "sapi.py"),
+        "Config file, with an optional :preset.",
+        lock_config=True,
     )
     return config, flags.DEFINE_string("ablation", None, ablation_help)
 
@@ -30,7 +33,9 @@ def define_config_flags(ablation_help: str = "A named baseline/ablation of confi
 def resolve_config(config_flag: Any, ablation_flag: Any) -> ml_collections.ConfigDict:
     """Preset → ablation → command-line overrides → validation; an invalid config exits with its message."""
     try:
-        return ablations.resolve(config_flag.value, ablation_flag.value, config_flags.get_override_values(flags.FLAGS["config"]))
+        return ablations.resolve(
+            config_flag.value, ablation_flag.value, config_flags.get_override_values(flags.FLAGS["config"])
+        )
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
 
@@ -102,8 +107,10 @@ def parse_flags(argv: list[str]) -> list[str]:
                 sys.exit("error: --config needs a file: use --config=FILE[:PRESET], e.g. --config=configs/sapi.py:tiny")
             path = value.split(":", 1)[0]
             if not os.path.isfile(path):
-                sys.exit(f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with one "
-                         f"of {_CONFIG_FILES}")  # fmt: skip
+                sys.exit(
+                    f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with one "
+                    f"of {_CONFIG_FILES}"
+                )
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:

@@ -34,8 +34,9 @@ _BINS = flags.DEFINE_integer("bins_per_octave", 1024, "Histogram resolution (a p
 _QUIET = flags.DEFINE_bool("quiet", False, "No per-tensor progress lines on stderr.")
 
 
-def run(a: str, b: str, *, out: str | None, preset: str | None, config_json: str | None, bins_per_octave: int,
-        quiet: bool) -> int:  # fmt: skip
+def run(
+    a: str, b: str, *, out: str | None, preset: str | None, config_json: str | None, bins_per_octave: int, quiet: bool
+) -> int:
     """The CLI without flag parsing: prints the table; 0 on success, 2 (with a message on stderr) on an error."""
     from rltldr_jax.analysis.delta_theta import (
         DeltaThetaError,
@@ -82,8 +83,17 @@ def main(argv: list[str]) -> None:
     from launch.common import quiet_logging
 
     quiet_logging()  # orbax logs every restore at INFO through absl
-    sys.exit(run(_A.value, _B.value, out=_OUT.value, preset=_PRESET.value, config_json=_CONFIG_JSON.value,
-                 bins_per_octave=_BINS.value, quiet=_QUIET.value))  # fmt: skip
+    sys.exit(
+        run(
+            _A.value,
+            _B.value,
+            out=_OUT.value,
+            preset=_PRESET.value,
+            config_json=_CONFIG_JSON.value,
+            bins_per_octave=_BINS.value,
+            quiet=_QUIET.value,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,17 +25,30 @@ DTYPES = ("bfloat16", "float32", "float16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint_dir", required=True, type=absolute_path,
-                   help="the run's checkpoint directory (Checkpointer), local or gs://")  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint_dir",
+        required=True,
+        type=absolute_path,
+        help="the run's checkpoint directory (Checkpointer), local or gs://",
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
-    p.add_argument("--out", required=True, type=absolute_path, help="output directory: config.json + model*.safetensors")
+    p.add_argument(
+        "--out", required=True, type=absolute_path, help="output directory: config.json + model*.safetensors"
+    )
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the written tensors")
-    p.add_argument("--allow_nonfinite", action="store_true", help="export even if the weights hold NaN/inf (refused by default)")
+    p.add_argument(
+        "--allow_nonfinite", action="store_true", help="export even if the weights hold NaN/inf (refused by default)"
+    )
     arch = p.add_mutually_exclusive_group()
-    arch.add_argument("--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none")
-    arch.add_argument("--config_json", type=absolute_path,
-                      help="HF config.json (or a directory holding one) giving the architecture")  # fmt: skip
+    arch.add_argument(
+        "--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none"
+    )
+    arch.add_argument(
+        "--config_json", type=absolute_path, help="HF config.json (or a directory holding one) giving the architecture"
+    )
     return p.parse_args(argv)
 
 
@@ -58,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise FileNotFoundError(f"no config file {path!r}")
             with open(path, encoding="utf-8") as f:
                 config = Qwen35Config.from_hf_dict(json.load(f))
-        step = export_hf(args.checkpoint_dir, args.step, args.out, config=config, dtype=getattr(jnp, args.dtype),
-                         allow_nonfinite=args.allow_nonfinite)  # fmt: skip
+        step = export_hf(
+            args.checkpoint_dir,
+            args.step,
+            args.out,
+            config=config,
+            dtype=getattr(jnp, args.dtype),
+            allow_nonfinite=args.allow_nonfinite,
+        )
     except (FileNotFoundError, ValueError, CheckpointMismatchError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,9 @@ from launch.common import define_config_flags, define_path, parse_flags, quiet_l
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _CHECKPOINT = define_path(
-    "checkpoint", None, "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint)."
+    "checkpoint",
+    None,
+    "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint).",
 )
 _MODES = flags.DEFINE_string("modes", "iid,latest,sequential", "Comma-separated modes: iid, latest, sequential.")
 _MAX_K = flags.DEFINE_integer("max_k", 16, "Attempts per task of the chain modes; the largest k of every curve.")
@@ -63,7 +65,9 @@ def _policy(config, checkpoint: str | None):
     path = checkpoint or config.model.checkpoint
     tokenizer = config.tokenizer or config.model.checkpoint or None
     if path:
-        model, what = load_model(path, compute_dtype=dtype, param_dtype=param_dtype, allow_nonfinite=config.model.allow_nonfinite)
+        model, what = load_model(
+            path, compute_dtype=dtype, param_dtype=param_dtype, allow_nonfinite=config.model.allow_nonfinite
+        )
         if not config.tokenizer and os.path.isfile(os.path.join(path, "tokenizer.json")):
             tokenizer = path
         return model, what, tokenizer
@@ -125,9 +129,18 @@ def main(argv: list[str]) -> None:
                 save_phase(os.path.join(out, f"rollouts_{r.mode}.jsonl"), ic.CURVE_PHASE, r.phase)
 
         results = ic.insight_curves(
-            engine, builder, config, tasks=tasks, writer=writer, modes=modes, max_k=_MAX_K.value,
-            iid_samples=_IID_SAMPLES.value, progress=sys.stderr.isatty(), on_mode=report, make_env=env_maker(config),
-        )  # fmt: skip
+            engine,
+            builder,
+            config,
+            tasks=tasks,
+            writer=writer,
+            modes=modes,
+            max_k=_MAX_K.value,
+            iid_samples=_IID_SAMPLES.value,
+            progress=sys.stderr.isatty(),
+            on_mode=report,
+            make_env=env_maker(config),
+        )
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     finally:

@@ -22,19 +22,27 @@ import ml_collections
 from absl import flags
 
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-host: HOST:PORT of process 0 (default: $JAX_COORDINATOR_ADDRESS; detected on clusters)."
+    "coordinator_address",
+    None,
+    "Multi-host: HOST:PORT of process 0 (default: $JAX_COORDINATOR_ADDRESS; detected on clusters).",
 )
 _NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", None, "Multi-host: processes in the job, one per host (default: $JAX_NUM_PROCESSES; detected on clusters)."
+    "num_processes",
+    None,
+    "Multi-host: processes in the job, one per host (default: $JAX_NUM_PROCESSES; detected on clusters).",
 )
 _PROCESS_ID = flags.DEFINE_integer(
-    "process_id", None, "Multi-host: this process's index, 0 .. num_processes-1 (default: $JAX_PROCESS_ID; detected on clusters)."
+    "process_id",
+    None,
+    "Multi-host: this process's index, 0 .. num_processes-1 (default: $JAX_PROCESS_ID; detected on clusters).",
 )
 _MODE = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "on", "off"],  # sharding.DISTRIBUTED_MODES (JAX is imported later, not here)
+    "distributed",
+    "auto",
+    ["auto", "on", "off"],  # sharding.DISTRIBUTED_MODES (JAX is imported later, not here)
     "auto: join the job the flags, environment or a detected cluster (SLURM, Open MPI, Cloud TPU) describe, else run "
     "alone; on: always call jax.distributed.initialize (JAX detects the rest); off: run alone.",
-)  # fmt: skip
+)
 
 log = logging.getLogger("rltldr_jax.launch")
 
@@ -46,8 +54,9 @@ def start_distributed() -> bool:
     from rltldr_jax import sharding
 
     try:
-        joined = sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                                 mode=_MODE.value)  # fmt: skip
+        joined = sharding.initialize_distributed(
+            _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, mode=_MODE.value
+        )
     except ValueError as e:
         sys.exit(f"error: {e}")
     if joined:
@@ -55,8 +64,12 @@ def start_distributed() -> bool:
 
         if not sharding.is_main_process():
             logging.getLogger("rltldr_jax").setLevel(logging.ERROR)
-        log.info("multi-host job: %d processes, %d devices (%d here)", jax.process_count(), jax.device_count(),
-                 jax.local_device_count())  # fmt: skip
+        log.info(
+            "multi-host job: %d processes, %d devices (%d here)",
+            jax.process_count(),
+            jax.device_count(),
+            jax.local_device_count(),
+        )
     return joined
 
 
@@ -83,9 +96,11 @@ def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     found = find_pretrained(config)
     missing = [i for i, path in enumerate(sharding.gather_objects(found)) if path is None]
     if missing:
-        sys.exit(f"error: the base policy of this config is not pretrained yet ({pretrained_dir(config)} is missing on "
-                 f"process(es) {', '.join(map(str, missing))}): pretraining runs in one process, so run launch/pretrain.py "
-                 "with the same --config flags once, on a filesystem every host sees, then start this job again")  # fmt: skip
+        sys.exit(
+            f"error: the base policy of this config is not pretrained yet ({pretrained_dir(config)} is missing on "
+            f"process(es) {', '.join(map(str, missing))}): pretraining runs in one process, so run launch/pretrain.py "
+            "with the same --config flags once, on a filesystem every host sees, then start this job again"
+        )
     config = copy.deepcopy(config)
     config.model.checkpoint = found
     return config

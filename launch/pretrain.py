@@ -40,8 +40,11 @@ def main(argv: list[str]) -> None:
     except ValueError:
         plan = None  # the environment describes a job wrongly: irrelevant here, this launcher runs alone
     if plan is not None:
-        sys.exit(f"error: launch/pretrain.py runs in one process, but this process is one of a multi-process job ({plan.source}): "
-                 "start it once (e.g. `srun --ntasks=1`, or without JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES)")  # fmt: skip
+        sys.exit(
+            "error: launch/pretrain.py runs in one process, but this process is one of a multi-process job "
+            f"({plan.source}): "
+            "start it once (e.g. `srun --ntasks=1`, or without JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES)"
+        )
     if config.pretrain.steps <= 0:
         sys.exit("error: pretrain.steps is 0 in this config: nothing to pretrain (e.g. --config=configs/replicate.py)")
     quiet_logging()

@@ -37,10 +37,14 @@ from configs import base  # noqa: E402
 from launch.common import define_path, parse_flags, quiet_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(REPO_ROOT, "configs", "replicate.py"), "configs/replicate.py[:PRESET] (default, quick, gpu, smoke).",
+    "config",
+    os.path.join(REPO_ROOT, "configs", "replicate.py"),
+    "configs/replicate.py[:PRESET] (default, quick, gpu, smoke).",
     lock_config=True,
-)  # fmt: skip
-_ARMS = flags.DEFINE_string("arms", None, "Comma-separated arms (default: the preset's; configs/replicate.py ARMS lists them).")
+)
+_ARMS = flags.DEFINE_string(
+    "arms", None, "Comma-separated arms (default: the preset's; configs/replicate.py ARMS lists them)."
+)
 _SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
 _OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
@@ -52,7 +56,10 @@ def _grid_module(filename: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not all(hasattr(module, name) for name in ("ARMS", "GRIDS", "arm_config")):
-        sys.exit(f"error: {filename} defines no replication grid (ARMS, GRIDS, arm_config): use --config=configs/replicate.py[:PRESET]")
+        sys.exit(
+            f"error: {filename} defines no replication grid (ARMS, GRIDS, arm_config): "
+            "use --config=configs/replicate.py[:PRESET]"
+        )
     return module
 
 
@@ -78,7 +85,9 @@ def main(argv: list[str]) -> None:
     unknown = [a for a in arms if a not in grid.ARMS]
     if unknown:
         sys.exit(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(grid.ARMS)}")
-    out = _OUT.value or os.path.abspath(os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}"))
+    out = _OUT.value or os.path.abspath(
+        os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}")
+    )
     overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
     # Pretrained policies are cached in runs/pretrained (pretrain.cache_dir), shared by every grid: the quick
     # preset's is the full grid's seed 0.
@@ -100,8 +109,14 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.replication.driver import run_replication
 
     interactive = sys.stderr.isatty()
-    paths = run_replication(configs, out, title=f"Small-scale replication ({preset})", checks=getattr(grid, "CHECKS", {}).get(preset),
-                            progress=interactive, echo=print)  # fmt: skip
+    paths = run_replication(
+        configs,
+        out,
+        title=f"Small-scale replication ({preset})",
+        checks=getattr(grid, "CHECKS", {}).get(preset),
+        progress=interactive,
+        echo=print,
+    )
     print(f"\nresults in {out}:")
     for p in paths:
         print(f"  {p}")

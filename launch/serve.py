@@ -28,31 +28,56 @@ DTYPES = ("float32", "bfloat16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model_path", type=absolute_path,
-                     help="HF safetensors checkpoint directory (config.json + model*.safetensors)")  # fmt: skip
-    src.add_argument("--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos")
+    src.add_argument(
+        "--model_path",
+        type=absolute_path,
+        help="HF safetensors checkpoint directory (config.json + model*.safetensors)",
+    )
+    src.add_argument(
+        "--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos"
+    )
     p.add_argument("--seed", type=int, default=0, help="initialisation seed with --preset")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=40000, help="gRPC port; 0 picks a free one")
-    p.add_argument("--port_file", type=absolute_path,
-                   help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')")  # fmt: skip
-    p.add_argument("--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)")
+    p.add_argument(
+        "--port_file",
+        type=absolute_path,
+        help="write the bound port to this file once ready (with --http_port: 'GRPC HTTP')",
+    )
+    p.add_argument(
+        "--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)"
+    )
     p.add_argument("--max_batch", type=int, default=8, help="sequences decoded concurrently")
     p.add_argument(
-        "--batched_prefill", action="store_true",
-        help="prefill requests admitted together as one padded batch (faster with many concurrent prompts; results then "
-        "vary at float rounding with batch composition); default: each alone, bit-reproducible",
-    )  # fmt: skip
-    p.add_argument("--prefill_chunk", type=int, default=128,
-                   help="tokens per prefill call, aligned from position 0 (a power of two >= 16); not with --batched_prefill")
-    p.add_argument("--prefix_cache_mb", type=float, default=1024,
-                   help="MiB of prefix cache (decode states at --prefill_chunk prompt boundaries, reused by requests sharing "
-                   "a prompt prefix; bit-identical results); 0 = off; not with --batched_prefill")  # fmt: skip
-    p.add_argument("--weights_dtype", choices=("", *DTYPES), default="",
-                   help="dtype of the engine's weight matrices ('' = --dtype); bfloat16 halves the bytes per decode step "
-                   "(float32 accumulation)")  # fmt: skip
+        "--batched_prefill",
+        action="store_true",
+        help="prefill requests admitted together as one padded batch (faster with many concurrent prompts; "
+        "results then vary at float rounding with batch composition); default: each alone, bit-reproducible",
+    )
+    p.add_argument(
+        "--prefill_chunk",
+        type=int,
+        default=128,
+        help="tokens per prefill call, aligned from position 0 (a power of two >= 16); not with --batched_prefill",
+    )
+    p.add_argument(
+        "--prefix_cache_mb",
+        type=float,
+        default=1024,
+        help="MiB of prefix cache (decode states at --prefill_chunk prompt boundaries, reused by requests sharing "
+        "a prompt prefix; bit-identical results); 0 = off; not with --batched_prefill",
+    )
+    p.add_argument(
+        "--weights_dtype",
+        choices=("", *DTYPES),
+        default="",
+        help="dtype of the engine's weight matrices ('' = --dtype); bfloat16 halves the bytes per decode step "
+        "(float32 accumulation)",
+    )
     p.add_argument("--max_len", type=int, default=4096, help="prompt + completion tokens per sequence")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
     p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
@@ -78,7 +103,9 @@ def build_engine(args: argparse.Namespace):
     dtype = getattr(jnp, args.dtype)
     if args.model_path:
         try:
-            model = load_pretrained(args.model_path, dtype=dtype, compute_dtype=dtype, allow_nonfinite=args.allow_nonfinite)
+            model = load_pretrained(
+                args.model_path, dtype=dtype, compute_dtype=dtype, allow_nonfinite=args.allow_nonfinite
+            )
         except ValueError as e:  # a corrupt or mismatching checkpoint: one line, no traceback
             sys.exit(f"error: {e}")
     else:
@@ -89,9 +116,14 @@ def build_engine(args: argparse.Namespace):
         model = ModelSpec(config, dtype=dtype, param_dtype=dtype).build(seed=args.seed)
     fingerprint = weights_fingerprint(model)  # of the stacked model, as the trainer computes it
     engine = JaxEngine(
-        model, max_batch=args.max_batch, max_len=args.max_len, weight_version=args.weight_version,
-        batch_invariant=not args.batched_prefill, prefill_chunk=args.prefill_chunk,
-        prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), weights_dtype=args.weights_dtype,
+        model,
+        max_batch=args.max_batch,
+        max_len=args.max_len,
+        weight_version=args.weight_version,
+        batch_invariant=not args.batched_prefill,
+        prefill_chunk=args.prefill_chunk,
+        prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+        weights_dtype=args.weights_dtype,
     )
     return engine, dtype, fingerprint
 

@@ -42,8 +42,12 @@ GRPC_RESPONSE_TIMEOUT_S = 3600  # SGLang's per-chunk default is 300 s: one non-s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_path", required=True, help="HF checkpoint directory (or hub name, if the GPU host is online)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model_path", required=True, help="HF checkpoint directory (or hub name, if the GPU host is online)"
+    )
     p.add_argument("--num_servers", type=int, default=1, help="servers to start; each takes --tp GPUs")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
     p.add_argument("--first_gpu", type=int, default=0, help="index of the first GPU to use")
@@ -75,18 +79,29 @@ def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list
     for i in range(args.num_servers):
         gpus = range(args.first_gpu + i * args.tp, args.first_gpu + (i + 1) * args.tp)
         argv = [
-            sys.executable, "-m", "sglang.launch_server",
-            "--model-path", args.model_path,
-            "--host", args.host,
-            "--port", str(args.http_port + i),
-            "--grpc-port", str(args.grpc_port + i),
-            "--grpc-response-timeout-secs", str(GRPC_RESPONSE_TIMEOUT_S),
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            args.model_path,
+            "--host",
+            args.host,
+            "--port",
+            str(args.http_port + i),
+            "--grpc-port",
+            str(args.grpc_port + i),
+            "--grpc-response-timeout-secs",
+            str(GRPC_RESPONSE_TIMEOUT_S),
             "--skip-tokenizer-init",
-            "--weight-version", "0",
-            "--tp-size", str(args.tp),
-            "--dtype", args.dtype,
-            "--mem-fraction-static", str(args.mem_fraction_static),
-        ]  # fmt: skip
+            "--weight-version",
+            "0",
+            "--tp-size",
+            str(args.tp),
+            "--dtype",
+            args.dtype,
+            "--mem-fraction-static",
+            str(args.mem_fraction_static),
+        ]
         if args.context_length:
             argv += ["--context-length", str(args.context_length)]
         commands.append(({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, argv + list(args.extra)))
@@ -106,24 +121,37 @@ def check_environment(args: argparse.Namespace) -> None:
     try:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        sys.exit('error: SGLang is not installed. On a CUDA GPU machine: pip install "sglang>=0.5.23". Without a CUDA GPU, '
-                 "serve with launch/serve.py (same protocol).")  # fmt: skip
+        sys.exit(
+            'error: SGLang is not installed. On a CUDA GPU machine: pip install "sglang>=0.5.23". Without a CUDA GPU, '
+            "serve with launch/serve.py (same protocol)."
+        )
     from packaging.version import Version
 
     if Version(version) < Version(MIN_SGLANG):
         sys.exit(f'error: SGLang {version} has no Qwen 3.5; pip install "sglang>=0.5.23"')
-    help_text = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, check=False)
+    help_text = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, check=False
+    )
     if "--grpc-port" not in help_text.stdout:
         sys.exit(f'error: SGLang {version} has no native gRPC server (--grpc-port); pip install "sglang>=0.5.23"')
     if shutil.which("nvidia-smi") is None:
-        sys.exit("error: no CUDA GPU here (nvidia-smi not found); SGLang needs one. Use launch/serve.py on CPU or TPU hosts.")
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout.strip().splitlines()
+        sys.exit(
+            "error: no CUDA GPU here (nvidia-smi not found); SGLang needs one. Use launch/serve.py on CPU or TPU hosts."
+        )
+    listed = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout.strip().splitlines()
+    )
     needed = args.first_gpu + args.num_servers * args.tp
     if len(listed) < needed:
-        sys.exit(f"error: {args.num_servers} servers × tp {args.tp} from GPU {args.first_gpu} need {needed} GPUs; found {len(listed)}")
+        sys.exit(
+            f"error: {args.num_servers} servers × tp {args.tp} from GPU {args.first_gpu} need {needed} GPUs; "
+            f"found {len(listed)}"
+        )
 
 
-def wait_healthy(grpc_addresses: list[str], processes: list[subprocess.Popen], timeout_s: float, log_files: list[str]) -> None:
+def wait_healthy(
+    grpc_addresses: list[str], processes: list[subprocess.Popen], timeout_s: float, log_files: list[str]
+) -> None:
     """Polls each server's gRPC HealthCheck until all are healthy; exits if one dies or time runs out."""
     import grpc
 
@@ -142,7 +170,9 @@ def wait_healthy(grpc_addresses: list[str], processes: list[subprocess.Popen], t
             except grpc.RpcError:
                 pass
         if pending and time.monotonic() > deadline:
-            sys.exit(f"error: servers {sorted(pending)} not healthy after {timeout_s:.0f} s; see {', '.join(log_files)}")
+            sys.exit(
+                f"error: servers {sorted(pending)} not healthy after {timeout_s:.0f} s; see {', '.join(log_files)}"
+            )
         time.sleep(2)
 
 
@@ -153,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         for env, argv_i in commands:
             print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv_i))
-        print(f"--config.engine.kind=sglang --config.engine.servers={grpc_addresses} --config.engine.http_servers={http_urls}")
+        print(
+            f"--config.engine.kind=sglang --config.engine.servers={grpc_addresses} "
+            f"--config.engine.http_servers={http_urls}"
+        )
         return
     check_environment(args)
     os.makedirs(args.log_dir, exist_ok=True)
@@ -177,8 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     wait_healthy(grpc_addresses.split(","), processes, args.timeout_s, log_files)
-    print(f"{args.num_servers} SGLang servers ready. Train with:\n  --config.engine.kind=sglang "
-          f"--config.engine.servers={grpc_addresses} --config.engine.http_servers={http_urls}", flush=True)  # fmt: skip
+    print(
+        f"{args.num_servers} SGLang servers ready. Train with:\n  --config.engine.kind=sglang "
+        f"--config.engine.servers={grpc_addresses} --config.engine.http_servers={http_urls}",
+        flush=True,
+    )
     while all(p.poll() is None for p in processes):
         time.sleep(5)
     dead = [i for i, p in enumerate(processes) if p.poll() is not None]

@@ -29,20 +29,29 @@ from launch.multihost import base_policy, show_progress, start_distributed  # no
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List the offline SFT ablations and exit.")
-_RESTART = flags.DEFINE_bool("restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>.")
+_RESTART = flags.DEFINE_bool(
+    "restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>."
+)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --ablation=sftldr")
     if _LIST.value:
-        print("\n".join(line for line in ablations.describe().splitlines()
-                        if ablations.ABLATIONS[line.split()[0]].overrides.get("mode") == "sft"))  # fmt: skip
+        print(
+            "\n".join(
+                line
+                for line in ablations.describe().splitlines()
+                if ablations.ABLATIONS[line.split()[0]].overrides.get("mode") == "sft"
+            )
+        )
         return
     config = resolve_config(_CONFIG, _ABLATION)
     if config.mode != "sft":
-        sys.exit("error: launch/sft.py runs the offline SFT rows (mode='sft'): pass --ablation=sft_rollouts_all, "
-                 "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py")  # fmt: skip
+        sys.exit(
+            "error: launch/sft.py runs the offline SFT rows (mode='sft'): pass --ablation=sft_rollouts_all, "
+            "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py"
+        )
     if _DRY_RUN.value:
         print(config)
         return
@@ -61,8 +70,11 @@ def main(argv: list[str]) -> None:
     if not is_main_process():
         return
     k = config.eval.attempts_per_task
-    print(f"sft ({config.sft.data}): final nll {metrics['sft/nll']:.4f}; eval macro Pass@1 {metrics['eval/pass@1/all']:.4f}, "
-          f"Pass@{k} {metrics[f'eval/pass@{k}/all']:.4f}")
+    print(
+        f"sft ({config.sft.data}): final nll {metrics['sft/nll']:.4f}; "
+        f"eval macro Pass@1 {metrics['eval/pass@1/all']:.4f}, "
+        f"Pass@{k} {metrics[f'eval/pass@{k}/all']:.4f}"
+    )
 
 
 if __name__ == "__main__":

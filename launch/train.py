@@ -40,7 +40,9 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and ex
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest intact checkpoint in the workdir.")
 _RESUME_STEP = flags.DEFINE_integer("resume_step", None, "Continue from this checkpoint step (implies --resume).")
-_RESTART = flags.DEFINE_bool("restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>.")
+_RESTART = flags.DEFINE_bool(
+    "restart", False, "Start over in a workdir that holds a run, moving it to {workdir}.old-<time>."
+)
 _ALLOW_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "On resume, accept changed keys that define what the run trains (loss, optim, ...)."
 )
@@ -57,8 +59,10 @@ def main(argv: list[str]) -> None:
         print(config)
         return
     if config.mode == "sft":
-        sys.exit(f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
-                 "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>")  # fmt: skip
+        sys.exit(
+            f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
+            "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>"
+        )
     quiet_logging()  # before JAX starts: no back-end probe or orbax INFO lines; one line per phase
     start_distributed()  # before any other JAX call; a single process without flags runs alone
     config = base_policy(config)
@@ -69,9 +73,18 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.train.step import NonFiniteError
 
     try:
-        trainer = Trainer(config, resume=_RESUME.value, restart=_RESTART.value, resume_step=_RESUME_STEP.value,
-                          allow_config_change=_ALLOW_CHANGE.value, progress=show_progress())  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:  # missing weights, servers, data, a run in the way: what and how to fix
+        trainer = Trainer(
+            config,
+            resume=_RESUME.value,
+            restart=_RESTART.value,
+            resume_step=_RESUME_STEP.value,
+            allow_config_change=_ALLOW_CHANGE.value,
+            progress=show_progress(),
+        )
+    except (
+        ValueError,
+        FileNotFoundError,
+    ) as e:  # missing weights, servers, data, a run in the way: what and how to fix
         sys.exit(f"error: {e}")
     try:
         trainer.run()
@@ -81,8 +94,14 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: {e}; fix it, then continue with --resume")
     if not is_main_process():
         return  # process 0 prints where the outputs are
-    print(run_summary(trainer.workdir, launch_dir=os.path.dirname(sys.argv[0]), config_args=_config_args(sys.argv),
-                      rollouts=config.rollout.save_rollouts))  # fmt: skip
+    print(
+        run_summary(
+            trainer.workdir,
+            launch_dir=os.path.dirname(sys.argv[0]),
+            config_args=_config_args(sys.argv),
+            rollouts=config.rollout.save_rollouts,
+        )
+    )
 
 
 def _config_args(argv: list[str]) -> list[str]:

@@ -184,7 +184,8 @@ def _compare(item: str, target, stored_metadata) -> list[str]:
     wrong = [
         f"{n}: checkpoint {_fmt_shape(have[n])} ≠ target {_fmt_shape(want[n])}"
         for n in want
-        if n in have and (tuple(have[n].shape) != tuple(want[n].shape) or np.dtype(have[n].dtype) != np.dtype(want[n].dtype))
+        if n in have
+        and (tuple(have[n].shape) != tuple(want[n].shape) or np.dtype(have[n].dtype) != np.dtype(want[n].dtype))
     ]
 
     def cut(names: list[str], sep: str = ", ") -> str:
@@ -202,7 +203,9 @@ def _compare(item: str, target, stored_metadata) -> list[str]:
 
 def tree_bytes(*trees) -> int:
     """Bytes of every array leaf of the trees (global sizes, as a checkpoint stores them)."""
-    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(trees) if hasattr(x, "dtype"))
+    return sum(
+        int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(trees) if hasattr(x, "dtype")
+    )
 
 
 def free_bytes(directory: str | os.PathLike) -> int | None:
@@ -226,7 +229,9 @@ def error_reason(e: BaseException) -> str:
 @jax.jit
 def _finite(tree):
     """Per leaf: whether every element is finite (integer leaves: True); one fused pass, no temporaries."""
-    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True), tree)
+    return jax.tree.map(
+        lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True), tree
+    )
 
 
 def nonfinite_arrays(tree) -> list[str]:
@@ -261,8 +266,11 @@ class Checkpointer:
         if not create and not self.directory.is_dir():
             raise FileNotFoundError(f"no checkpoint directory {os.fspath(directory)!r}")
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=create, enable_async_checkpointing=async_save, save_interval_steps=1,
-        )  # fmt: skip
+            max_to_keep=keep,
+            create=create,
+            enable_async_checkpointing=async_save,
+            save_interval_steps=1,
+        )
         handlers = {
             "params": ocp.StandardCheckpointHandler(),
             "opt_state": ocp.StandardCheckpointHandler(),
@@ -301,7 +309,9 @@ class Checkpointer:
                 raise FileNotFoundError(f"no checkpoint in {os.fspath(self.directory)!r}")
             return steps[-1]
         if int(step) not in steps:
-            raise FileNotFoundError(f"no checkpoint for step {step} in {os.fspath(self.directory)!r}; steps: {steps or 'none'}")
+            raise FileNotFoundError(
+                f"no checkpoint for step {step} in {os.fspath(self.directory)!r}; steps: {steps or 'none'}"
+            )
         return int(step)
 
     def wait_until_finished(self) -> None:
@@ -341,8 +351,10 @@ class Checkpointer:
 
     def _save_failed(self, step: int, reason: str) -> str:
         steps = self.all_steps()
-        return (f"saving checkpoint step {step} in {os.fspath(self.directory)!r} failed ({reason}); the newest saved "
-                f"checkpoint is {f'step {steps[-1]}' if steps else 'none'}")  # fmt: skip
+        return (
+            f"saving checkpoint step {step} in {os.fspath(self.directory)!r} failed ({reason}); the newest saved "
+            f"checkpoint is {f'step {steps[-1]}' if steps else 'none'}"
+        )
 
     def _remove_partial(self, step: int) -> None:
         """Removes what a failed save of `step` left: orbax's temporary directories `{step}.orbax-checkpoint-tmp*`
@@ -406,11 +418,17 @@ class Checkpointer:
         free = sharding.broadcast_object(free_bytes(self.directory))  # process 0's filesystem decides for all
         if free is not None and free < need:
             raise CheckpointSaveError(
-                f"not enough free space to save checkpoint step {step} in {os.fspath(self.directory)!r}: it needs about "
+                f"not enough free space to save checkpoint step {step} in {os.fspath(self.directory)!r}: "
+                "it needs about "
                 f"{need / 2**30:.2f} GiB (parameters + optimizer state + {SPACE_MARGIN:.0%}), {free / 2**30:.2f} GiB "
                 "are free; free some space or write to a larger disk"
             )
-        state = {"format": FORMAT_VERSION, "step": step, "rng": _rng_to_json(rng), "model_config": _config_dict(model_config)}
+        state = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "rng": _rng_to_json(rng),
+            "model_config": _config_dict(model_config),
+        }
         args = {
             "params": ocp.args.StandardSave(params),
             "state": ocp.args.JsonSave(state),
@@ -435,7 +453,8 @@ class Checkpointer:
             return read()
         except Exception as e:
             raise CorruptCheckpointError(
-                f"checkpoint step {step} in {os.fspath(self.directory)!r}: cannot read its {what} ({error_reason(e)}); its "
+                f"checkpoint step {step} in {os.fspath(self.directory)!r}: "
+                f"cannot read its {what} ({error_reason(e)}); its "
                 "files are truncated or damaged"
             ) from e
 
@@ -508,12 +527,15 @@ class Checkpointer:
             if bad:
                 raise CorruptCheckpointError(
                     f"checkpoint step {step} in {os.fspath(self.directory)!r} holds NaN/inf in {len(bad)} arrays "
-                    f"({', '.join(bad[:4])}{', …' if len(bad) > 4 else ''}): its files are damaged or the run diverged; "
+                    f"({', '.join(bad[:4])}{', …' if len(bad) > 4 else ''}): "
+                    "its files are damaged or the run diverged; "
                     "use another step, or " + ALLOW_NONFINITE_HINT
                 )
         state = dict(r["state"])
         if state.get("format") != FORMAT_VERSION:
-            raise ValueError(f"checkpoint step {step} has format {state.get('format')}; this code reads {FORMAT_VERSION}")
+            raise ValueError(
+                f"checkpoint step {step} has format {state.get('format')}; this code reads {FORMAT_VERSION}"
+            )
         raw_config = state.get("model_config")
         return Restored(
             params=r["params"],
@@ -568,7 +590,9 @@ def restore_model(
             config = Qwen35Config.from_hf_dict(saved)
         elif saved is not None and Qwen35Config.from_hf_dict(saved) != config:
             ours, theirs = config.to_hf_dict(), Qwen35Config.from_hf_dict(saved).to_hf_dict()
-            diff = ", ".join(f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k))
+            diff = ", ".join(
+                f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k)
+            )
             raise ValueError(f"the given model config differs from the one saved with checkpoint step {step}: {diff}")
         graphdef, abstract = nnx.split(ModelSpec(config, dtype=compute_dtype).abstract())
         stored = ckpt.stored_arrays(step, "params")
@@ -616,7 +640,9 @@ def load_model(
     if os.path.isfile(os.path.join(directory, "config.json")):
         if step is not None:
             raise ValueError(f"{path!r}: an HF directory has no steps; drop the ':{step}'")
-        model = load_pretrained(directory, dtype=param_dtype, compute_dtype=compute_dtype, allow_nonfinite=allow_nonfinite)
+        model = load_pretrained(
+            directory, dtype=param_dtype, compute_dtype=compute_dtype, allow_nonfinite=allow_nonfinite
+        )
         return model, f"HF checkpoint {directory}"
     ckpt = Checkpointer(directory, keep=None, async_save=False, create=False) if os.path.isdir(directory) else None
     if ckpt is None or not ckpt.all_steps():

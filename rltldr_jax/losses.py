@@ -107,7 +107,9 @@ def grpo_loss(
     if advantages.ndim == 1:
         advantages = advantages[:, None]
     if detach_ratio is not None:
-        old_logprobs = jnp.where(jnp.asarray(detach_ratio, bool)[:, None], jax.lax.stop_gradient(logprobs), old_logprobs)
+        old_logprobs = jnp.where(
+            jnp.asarray(detach_ratio, bool)[:, None], jax.lax.stop_gradient(logprobs), old_logprobs
+        )
     ratio = jnp.exp(logprobs.astype(jnp.float32) - jax.lax.stop_gradient(old_logprobs).astype(jnp.float32))
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
@@ -171,7 +173,9 @@ def rltldr_loss(
     s = sft.count if sft_count is None else sft_count
     loss = grpo_coef * safe_divide(grpo.loss_sum, g) + lam * safe_divide(sft.loss_sum, s)
     if writer is not None:
-        loss = loss + writer_sft_coef * safe_divide(writer.loss_sum, writer.count if writer_count is None else writer_count)
+        loss = loss + writer_sft_coef * safe_divide(
+            writer.loss_sum, writer.count if writer_count is None else writer_count
+        )
     return loss
 
 

@@ -65,7 +65,10 @@ def mesh_sizes_error(data: int, fsdp: int, tensor: int) -> str | None:
     on at most one axis. `make_mesh` raises it; config validation reports it for `mesh.*`."""
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        return f"mesh sizes {dict(zip(AXES, sizes))}: each positive, with at most one -1 (all remaining devices)"
+        return (
+            f"mesh sizes {dict(zip(AXES, sizes, strict=True))}: "
+            "each positive, with at most one -1 (all remaining devices)"
+        )
     return None
 
 
@@ -79,10 +82,14 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices are not divisible by the fixed mesh axes {dict(zip(AXES, sizes))}")
+            raise ValueError(
+                f"{len(devices)} devices are not divisible by the fixed mesh axes {dict(zip(AXES, sizes, strict=True))}"
+            )
         sizes[sizes.index(-1)] = len(devices) // known
     if int(np.prod(sizes)) != len(devices):
-        raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, have {len(devices)}")
+        raise ValueError(
+            f"mesh {dict(zip(AXES, sizes, strict=True))} needs {int(np.prod(sizes))} devices, have {len(devices)}"
+        )
     return Mesh(np.array(devices).reshape(sizes), AXES)
 
 
@@ -108,7 +115,7 @@ class MeshConfig:
 def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """PartitionSpec for an array of `shape` with these logical axes; indivisible dimensions stay whole."""
     spec = []
-    for name, dim in zip(logical, shape):
+    for name, dim in zip(logical, shape, strict=False):
         axes = LOGICAL_RULES.get(name) if name else None
         if axes is None:
             spec.append(None)
@@ -274,12 +281,21 @@ def distributed_plan(
     env = os.environ if env is None else env
     if mode not in DISTRIBUTED_MODES:
         raise ValueError(f"--distributed={mode!r}: choose one of {', '.join(DISTRIBUTED_MODES)}")
-    given = {k: v for k, v in (("--coordinator_address", coordinator_address), ("--num_processes", num_processes),
-                               ("--process_id", process_id)) if v is not None}  # fmt: skip
+    given = {
+        k: v
+        for k, v in (
+            ("--coordinator_address", coordinator_address),
+            ("--num_processes", num_processes),
+            ("--process_id", process_id),
+        )
+        if v is not None
+    }
     if mode == "off":
         if given:
-            raise ValueError(f"--distributed=off runs one process, but {', '.join(given)} {'was' if len(given) == 1 else 'were'} "
-                             "given for a multi-process job: drop one or the other")  # fmt: skip
+            raise ValueError(
+                f"--distributed=off runs one process, but {', '.join(given)} {'was' if len(given) == 1 else 'were'} "
+                "given for a multi-process job: drop one or the other"
+            )
         return None
     address = coordinator_address or env.get(ENV_COORDINATOR, "").strip() or None
     n = num_processes if num_processes is not None else _env_int(env, ENV_NUM_PROCESSES, "--num_processes")
@@ -287,8 +303,10 @@ def distributed_plan(
     if n is not None and n < 1:
         raise ValueError(f"--num_processes={n} (or {ENV_NUM_PROCESSES}): a job has at least one process")
     if pid is not None and (pid < 0 or (n is not None and pid >= n)):
-        raise ValueError(f"--process_id={pid} (or {ENV_PROCESS_ID}) must be in [0, num_processes"
-                         f"{f'={n}' if n is not None else ''}): number the processes 0, 1, ..., num_processes - 1")  # fmt: skip
+        raise ValueError(
+            f"--process_id={pid} (or {ENV_PROCESS_ID}) must be in [0, num_processes"
+            f"{f'={n}' if n is not None else ''}): number the processes 0, 1, ..., num_processes - 1"
+        )
     cluster = detected_cluster(env)
     if mode == "on":
         return DistributedPlan(address, n, pid, cluster or "flags/environment")
@@ -297,11 +315,20 @@ def distributed_plan(
     if address is None and n is None and pid is None:
         return DistributedPlan(None, None, None, cluster) if cluster else None
     if cluster is None:
-        missing = [f"{flag} (or {var})" for flag, var, v in (("--coordinator_address", ENV_COORDINATOR, address),
-                   ("--num_processes", ENV_NUM_PROCESSES, n), ("--process_id", ENV_PROCESS_ID, pid)) if v is None]  # fmt: skip
+        missing = [
+            f"{flag} (or {var})"
+            for flag, var, v in (
+                ("--coordinator_address", ENV_COORDINATOR, address),
+                ("--num_processes", ENV_NUM_PROCESSES, n),
+                ("--process_id", ENV_PROCESS_ID, pid),
+            )
+            if v is None
+        ]
         if missing:
-            raise ValueError(f"a multi-process job outside SLURM / Open MPI / Cloud TPU needs all of --coordinator_address "
-                             f"(HOST:PORT of process 0), --num_processes and --process_id; missing {', '.join(missing)}")  # fmt: skip
+            raise ValueError(
+                f"a multi-process job outside SLURM / Open MPI / Cloud TPU needs all of --coordinator_address "
+                f"(HOST:PORT of process 0), --num_processes and --process_id; missing {', '.join(missing)}"
+            )
     return DistributedPlan(address, n, pid, cluster or "flags/environment")
 
 
@@ -328,8 +355,9 @@ def initialize_distributed(
         return False
     if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") in (None, "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes need a collectives library
-    jax.distributed.initialize(coordinator_address=plan.coordinator_address, num_processes=plan.num_processes,
-                               process_id=plan.process_id)  # fmt: skip
+    jax.distributed.initialize(
+        coordinator_address=plan.coordinator_address, num_processes=plan.num_processes, process_id=plan.process_id
+    )
     return True
 
 

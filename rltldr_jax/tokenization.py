@@ -61,13 +61,40 @@ QWEN3_5_PRETOKENIZE_REGEX = (
 
 #: The 33 special tokens of Qwen 3.5, in id order starting at 248044 (right after the 248,044 BPE ranks).
 QWEN3_5_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-    "<tool_response>", "</tool_response>", "<think>", "</think>", "<|audio_start|>", "<|audio_end|>",
-    "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>", "<|audio_pad|>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
+)
 QWEN3_5_NUM_BPE_RANKS = 248_044
 
 IM_START, IM_END, THINK, THINK_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"
@@ -83,7 +110,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 def _read_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
@@ -149,7 +176,8 @@ def _qwen3_5_backend() -> tokenizers.Tokenizer:
     return backend
 
 
-#: The special tokens of a small ChatML tokenizer (`train_chatml_tokenizer`): what the chat format needs, in Qwen's order.
+#: The special tokens of a small ChatML tokenizer (`train_chatml_tokenizer`): what the chat format needs, in Qwen's
+#: order.
 CHATML_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, THINK, THINK_END)
 
 
@@ -165,7 +193,10 @@ def train_chatml_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
       vocab_size: total ids including the special tokens and the 256 bytes (>= 262).
     """
     if vocab_size < len(CHATML_SPECIAL_TOKENS) + 257:
-        raise ValueError(f"vocab_size={vocab_size} is too small: the specials and the 256 bytes take {len(CHATML_SPECIAL_TOKENS) + 256}")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: "
+            f"the specials and the 256 bytes take {len(CHATML_SPECIAL_TOKENS) + 256}"
+        )
     backend = tokenizers.Tokenizer(models.BPE(fuse_unk=False, ignore_merges=True))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -178,9 +209,11 @@ def train_chatml_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     from tokenizers import trainers
 
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(CHATML_SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=list(CHATML_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     backend.train_from_iterator(texts, trainer=trainer)
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in CHATML_SPECIAL_TOKENS])
     return Tokenizer(backend)
@@ -358,7 +391,9 @@ class Context:
     @functools.cached_property
     def provenance(self) -> np.ndarray:
         """[T] int8 `Provenance` value of each token."""
-        return np.concatenate([np.full(len(s.ids), s.provenance, np.int8) for s in self.segments] or [np.zeros(0, np.int8)])
+        return np.concatenate(
+            [np.full(len(s.ids), s.provenance, np.int8) for s in self.segments] or [np.zeros(0, np.int8)]
+        )
 
     @functools.cached_property
     def action_mask(self) -> np.ndarray:

@@ -21,7 +21,15 @@ import json
 import os
 import sys
 
-COLUMNS = ("arm", "seed", "train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight", "env_steps", "walltime_s")
+COLUMNS = (
+    "arm",
+    "seed",
+    "train_pass1_no_insight",
+    "heldout_pass1_no_insight",
+    "train_pass1_insight",
+    "env_steps",
+    "walltime_s",
+)
 
 
 def check(out: str, log: str | None, compare: bool) -> list[str]:
@@ -47,7 +55,10 @@ def check(out: str, log: str | None, compare: bool) -> list[str]:
         with open(path, encoding="utf-8") as f:
             checks = json.load(f)["checks"]
         if checks.get("iid_pass@64", 1.0) != 0.0:
-            problems.append(f"seed {seed}: the base policy's i.i.d. Pass@64 on the hard training tasks is {checks.get('iid_pass@64')}, not 0")
+            problems.append(
+                f"seed {seed}: the base policy's i.i.d. Pass@64 on the hard training tasks is "
+                f"{checks.get('iid_pass@64')}, not 0"
+            )
     for r in rows:
         workdir = os.path.join(out, r.get("workdir") or os.path.join("runs", f"{r['arm']}-s{r['seed']}"))
         if int(float(r["env_steps"])) == 0:
@@ -78,7 +89,9 @@ def check(out: str, log: str | None, compare: bool) -> list[str]:
             mean = {a: sum(v) / len(v) for a, v in by_arm.items()}
             print(f"no-insight Pass@1 on training tasks: rltldr {mean['rltldr']:.3f}, grpo {mean['grpo']:.3f}")
             if not mean["rltldr"] > mean["grpo"]:
-                problems.append(f"RLTL;DR's no-insight Pass@1 ({mean['rltldr']:.3f}) is not above GRPO's ({mean['grpo']:.3f})")
+                problems.append(
+                    f"RLTL;DR's no-insight Pass@1 ({mean['rltldr']:.3f}) is not above GRPO's ({mean['grpo']:.3f})"
+                )
     return problems
 
 

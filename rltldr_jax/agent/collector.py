@@ -47,8 +47,10 @@ def exact_group_size_error(exact_group_size: bool, workers_per_task: int, *, pre
     (concurrent chains of a task race for the K slots, and make the insight schedule depend on timing). `prefix`
     names the keys' section in the message ("rollout." for config validation)."""
     if exact_group_size and workers_per_task > 1:
-        return (f"{prefix}exact_group_size needs {prefix}workers_per_task=1 (concurrent chains of a task race for the K "
-                "slots, and make the insight schedule depend on timing)")  # fmt: skip
+        return (
+            f"{prefix}exact_group_size needs {prefix}workers_per_task=1 (concurrent chains of a task race for the K "
+            "slots, and make the insight schedule depend on timing)"
+        )
     return None
 
 
@@ -159,7 +161,9 @@ class Collector:
 
             bar = tqdm(total=len(tasks) * self.group_size, desc=f"phase {phase}", unit="attempt", leave=False)
 
-        episode = dataclasses.replace(self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0))  # per-phase seeds
+        episode = dataclasses.replace(
+            self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0)
+        )  # per-phase seeds
 
         def more_needed(task_id: str) -> bool:
             if self.exact_group_size:
@@ -301,7 +305,9 @@ class PendingPhase:
         self._thread.join()
         if self._error is not None:
             if not isinstance(self._error, asyncio.CancelledError) and not self._noted:
-                self._error.add_note(f"(raised while collecting phase {self.phase} in a background thread: train.overlap_phases)")
+                self._error.add_note(
+                    f"(raised while collecting phase {self.phase} in a background thread: train.overlap_phases)"
+                )
                 self._noted = True
             raise self._error
         assert self._result is not None
@@ -347,7 +353,8 @@ def _drop_late_results(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
 
 
 def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None:
-    """Writes a phase's attempts and the insight writer's outputs as JSON lines (the offline SFT baselines and analyses read them)."""
+    """Writes a phase's attempts and the insight writer's outputs as JSON lines (the offline SFT baselines and
+    analyses read them)."""
     written = {(tid, idx): j for tid, idx, j in result.writer_outputs}
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -362,7 +369,9 @@ def save_phase(path: str | os.PathLike, phase: int, result: PhaseResult) -> None
                 "success": a.success,
                 "verdict": dataclasses.asdict(a.verdict),
                 "steps": [dataclasses.asdict(s) for s in a.steps],
-                "writer_output": None if j is None else {"insight": j.insight, "fields": j.fields, "parse_error": j.parse_error},
+                "writer_output": None
+                if j is None
+                else {"insight": j.insight, "fields": j.fields, "parse_error": j.parse_error},
             }
             f.write(json.dumps(record) + "\n")
 
@@ -425,10 +434,14 @@ def record_from_json(raw: Mapping[str, Any]) -> RolloutRecord:
         for s in raw["steps"]
     )
     v = raw["verdict"]
-    verdict = Verdict(bool(v["success"]), v["report"], int(v["num_passed"]), int(v["num_tests"]), tuple(v.get("failures", ())))
+    verdict = Verdict(
+        bool(v["success"]), v["report"], int(v["num_passed"]), int(v["num_tests"]), tuple(v.get("failures", ()))
+    )
     attempt = Attempt(task, int(raw["attempt"]), insights, steps, raw["end"], verdict)
     if attempt.success != bool(raw["success"]):
-        raise ValueError(f"record of {task.task_id} attempt {raw['attempt']}: success {raw['success']} ≠ verdict {verdict.success}")
+        raise ValueError(
+            f"record of {task.task_id} attempt {raw['attempt']}: success {raw['success']} ≠ verdict {verdict.success}"
+        )
     # ("judgement": the key in rollout files written before the insight writer's output was named so)
     return RolloutRecord(int(raw["phase"]), attempt, raw.get("writer_output", raw.get("judgement")))
 
@@ -457,7 +470,8 @@ def load_rollouts(run: str | os.PathLike) -> list[RolloutRecord]:
     files = sorted(glob.glob(os.path.join(directory, PHASE_GLOB)))
     if not files:
         raise FileNotFoundError(
-            f"no rollouts found: {directory!r} has no {PHASE_GLOB} files. Offline SFT and the analyses read the attempts a run saves "
+            f"no rollouts found: {directory!r} has no {PHASE_GLOB} files. "
+            "Offline SFT and the analyses read the attempts a run saves "
             "with rollout.save_rollouts=True (configs/base.py, on by default); pass --run=<the run's workdir> "
             "(e.g. runs/sapi-rltldr), or retrain with --config.rollout.save_rollouts=True."
         )

@@ -95,11 +95,17 @@ class EpisodeConfig:
         """The budgets and sampling of `config.rollout`, `config.env.max_observation_chars` and `config.seed`."""
         r = config.rollout
         return cls(
-            max_steps=r.max_steps, thinking=r.thinking, max_think_tokens=r.max_think_tokens,
-            max_action_tokens=r.max_action_tokens, max_context_tokens=r.max_context_tokens,
-            max_observation_chars=config.env.max_observation_chars, temperature=r.temperature, top_p=r.top_p,
-            top_k=r.top_k, seed=config.seed,
-        )  # fmt: skip
+            max_steps=r.max_steps,
+            thinking=r.thinking,
+            max_think_tokens=r.max_think_tokens,
+            max_action_tokens=r.max_action_tokens,
+            max_context_tokens=r.max_context_tokens,
+            max_observation_chars=config.env.max_observation_chars,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=config.seed,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,10 +166,14 @@ class Attempt:
     def failed_attempt(self, builder: ContextBuilder) -> FailedAttempt:
         """What the insight writer reads: each step's visible action (think dropped) and observation."""
         steps = tuple(
-            (builder.tokenizer.decode(t for t in builder.strip_think(s.action_ids) if t != builder.tokenizer.im_end_id),
-             s.observation or "")
+            (
+                builder.tokenizer.decode(
+                    t for t in builder.strip_think(s.action_ids) if t != builder.tokenizer.im_end_id
+                ),
+                s.observation or "",
+            )
             for s in self.steps
-        )  # fmt: skip
+        )
         return FailedAttempt(task=self.task, steps=steps, report=self.verdict.report, attempt=self.index)
 
 
@@ -173,7 +183,9 @@ async def _env_step(env: Env, code: str, where: str) -> StepResult:
     try:
         return await asyncio.to_thread(env.step, code)
     except Exception as e:  # not BaseException: cancellation and interrupts still stop the run
-        log.warning("%s: the environment raised %s: %s (given to the agent as the observation)", where, type(e).__name__, e)
+        log.warning(
+            "%s: the environment raised %s: %s (given to the agent as the observation)", where, type(e).__name__, e
+        )
         return StepResult(f"error: the environment failed to run this action ({type(e).__name__}: {e})", False)
 
 
@@ -201,10 +213,18 @@ async def run_attempt(
             break
         seeds = (step_seed(cfg.seed, task.task_id, index, k, 0), step_seed(cfg.seed, task.task_id, index, k, 1))
         reply = await generate_two_phase(
-            engine, tok, prompt, thinking=cfg.thinking, max_think_tokens=cfg.max_think_tokens,
-            max_action_tokens=cfg.max_action_tokens, stop_ids=(tok.im_end_id,), temperature=cfg.temperature,
-            top_p=cfg.top_p, top_k=cfg.top_k, seeds=seeds,
-        )  # fmt: skip
+            engine,
+            tok,
+            prompt,
+            thinking=cfg.thinking,
+            max_think_tokens=cfg.max_think_tokens,
+            max_action_tokens=cfg.max_action_tokens,
+            stop_ids=(tok.im_end_id,),
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seeds=seeds,
+        )
         ids, forced, logprobs, version = reply.ids, reply.forced, reply.logprobs, reply.weight_version
         visible = builder.strip_think(ids) if tok.think_end_id in ids else (() if cfg.thinking else ids)
         code = extract_code(tok.decode(visible))

@@ -4,11 +4,12 @@ Vocabulary: the policy in this role (the paper's "insight generator") is the ins
 paper's "judge prompt") the writer prompt, what it returns a `WriterOutput`; "verifier" is only the environment's
 test checker (`Env.verify`), and the model-free source that writes insights from its report is `rule`.
 
-The paper (A.1, "Prompt 1"): the failed rollout goes into the writer prompt in a NEW conversation (one user message, to avoid contextual drag), with the task, the agent's actions,
-the observations (shortened if very long) and the verifier's failed tests. The writer first thinks (budget
-4096 tokens), then answers (budget 4096 tokens) with a JSON of five fields: `summary`, `feedback`,
-`wrong_step_id`, `corrected_step`, `hint`. Only `hint` (the one-sentence TL;DR) is used by default; the other
-fields are generated to make the hint more accurate, and Table 3 tries them as the inserted content.
+The paper (A.1, "Prompt 1"): the failed rollout goes into the writer prompt in a NEW conversation (one user
+message, to avoid contextual drag), with the task, the agent's actions, the observations (shortened if very long)
+and the verifier's failed tests. The writer first thinks (budget 4096 tokens), then answers (budget 4096 tokens)
+with a JSON of five fields: `summary`, `feedback`, `wrong_step_id`, `corrected_step`, `hint`. Only `hint` (the
+one-sentence TL;DR) is used by default; the other fields are generated to make the hint more accurate, and Table 3
+tries them as the inserted content.
 
 Variants (configs/base.py `insight.*`, Table 3):
 
@@ -16,10 +17,10 @@ Variants (configs/base.py `insight.*`, Table 3):
   (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only, inserted under its own
   scaffold, `tokenization.SGE_SCAFFOLD`).
 - source: `policy` (the current policy engine) | `teacher` (another GenerationEngine, e.g. GLM 5.2 served
-  separately) | `rule` (no model: the writer's fields by rule from the verifier's report — hint: the first failed requirement as a
-  "Make sure that …" sentence; feedback: every failed requirement; summary: the steps taken, the APIs called and
-  the outcome; no corrected step — so untrained tiny models exercise insertion, the SFT mask and every content
-  variant).
+  separately) | `rule` (no model: the writer's fields by rule from the verifier's report — hint: the first failed
+  requirement as a "Make sure that …" sentence; feedback: every failed requirement; summary: the steps taken, the
+  APIs called and the outcome; no corrected step — so untrained tiny models exercise insertion, the SFT mask and
+  every content variant).
 - thinking on/off, and `show_failed_tests=False` (the writer does not see the failed tests).
 
 Generation is two-phase like the episodes (`generation.generate_two_phase`): the think part up to `</think>` within
@@ -68,6 +69,7 @@ _DEVICE_INTRO = (
     "the simulated device.\n"
 )
 
+# One line per item of the prompt (hence the long lines).
 _DEVICE_PARTS = """\
 As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the agent attempt, 2) Give feedback, 3) Give the step at which it went wrong, 4) Provide the corrected code for that step, 5) Give a one-sentence TL;DR hint.
 1) Summarize the attempt
@@ -99,11 +101,11 @@ As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the 
 - This should be a concise pointer the agent can act on (e.g. "You created the list but gave it the wrong name.").
 - For successful rollouts, just return an empty string.
 - Do NOT reveal ground-truth values (private_data.* / unit-test RHS).
-"""
+"""  # noqa: E501
 
-# GUESS: the paper does not show its LeetCode variant of Prompt 1 (App. A.1 shows the SAPI one). This is Prompt 1 with the on-device
-# wording replaced by coding wording and "ground truth" read as the tests' expected outputs; everything else is
-# kept word for word.
+# GUESS: the paper does not show its LeetCode variant of Prompt 1 (App. A.1 shows the SAPI one). This is Prompt 1
+# with the on-device wording replaced by coding wording and "ground truth" read as the tests' expected outputs;
+# everything else is kept word for word.
 _CODING_INTRO = (
     "You are a verifier that is given a step-by-step solution of an agent that has to solve a coding problem "
     "for the following task: {task}\n"
@@ -141,7 +143,7 @@ As a verifier, you now have to produce a json with FIVE parts: 1) Summarize the 
 - This should be a concise pointer the agent can act on (e.g. "You sorted the list but returned it in the wrong order.").
 - For successful rollouts, just return an empty string.
 - Do NOT reveal the expected outputs of the tests.
-"""
+"""  # noqa: E501
 
 _JSON_FORMAT = """\
 Output your answer in a JSON. Do NOT output any text except the JSON. The format should be:
@@ -250,7 +252,10 @@ def render_writer_prompt(
 # ----------------------------------------------------------------------------------------------------
 
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-_PY_LITERALS = [(re.compile(r"([:\[,]\s*)" + a + r"\b"), r"\g<1>" + b) for a, b in (("true", "True"), ("false", "False"), ("null", "None"))]
+_PY_LITERALS = [
+    (re.compile(r"([:\[,]\s*)" + a + r"\b"), r"\g<1>" + b)
+    for a, b in (("true", "True"), ("false", "False"), ("null", "None"))
+]
 _MAX_CANDIDATES = 256
 # Bounds that keep parsing linear and json/ast away from pathological replies: the answer's length (about 4× the
 # paper's 4,096-token answer budget), the nesting of brackets inside an object, and how often the brace scan
@@ -360,7 +365,9 @@ def parse_writer_output(text: str) -> tuple[dict[str, Any] | None, str | None]:
     """
     answer = answer_text(text)
     if not answer:
-        return None, "empty answer" + (" (the think block was not closed)" if "</think>" not in text and text.strip() else "")
+        return None, "empty answer" + (
+            " (the think block was not closed)" if "</think>" not in text and text.strip() else ""
+        )
     if len(answer) > _MAX_ANSWER_CHARS:
         return None, f"the answer has {len(answer):,} characters, more than the {_MAX_ANSWER_CHARS:,} read"
     spans, too_deep = _object_spans(answer)
@@ -502,13 +509,16 @@ def _leetcode_failure(lines: list[str]) -> str | None:
     first = lines[0].strip() if lines else ""
     if first.startswith("Failed before any test ran:"):
         why = _clip(first[len("Failed before any test ran:") :])
-        return _sentence(f"Make sure your code defines what the tests call and runs without errors (it failed before any test ran: {why})")
+        return _sentence(
+            "Make sure your code defines what the tests call and runs without errors "
+            f"(it failed before any test ran: {why})"
+        )
     if first == "Failed: no code was run.":
         return "Make sure to write your solution as a Python code block so that it runs."
     if first.startswith("Failed: the tests did not finish"):
         return "Make sure your solution finishes within the time and memory limits; the tests did not finish."
     if first.startswith("Failed:"):
-        return _sentence(f"Make sure the tests can run: {_clip(first[len('Failed:'):].rstrip(' .'))}")
+        return _sentence(f"Make sure the tests can run: {_clip(first[len('Failed:') :].rstrip(' .'))}")
     return None
 
 
@@ -521,16 +531,23 @@ def rule_fields(failed: FailedAttempt) -> dict[str, Any]:
     n = len(failed.steps)
     calls = list(dict.fromkeys(f"apis.{a}.{f}" for action, _ in failed.steps for a, f in _API_CALL.findall(action)))
     with_code = sum(bool(_ANY_FENCE.search(action)) for action, _ in failed.steps)
-    did = f"called {', '.join(calls[:6])}{' and more' if len(calls) > 6 else ''}" if calls else (
-        "ran code without calling any API" if with_code else "wrote no code block")
+    did = (
+        f"called {', '.join(calls[:6])}{' and more' if len(calls) > 6 else ''}"
+        if calls
+        else ("ran code without calling any API" if with_code else "wrote no code block")
+    )
     outcome = "the verifier accepted it" if failed.success else "the verifier rejected it"
     summary = f"Attempt {failed.attempt} took {n} step{'s' if n != 1 else ''} and {did}; {outcome}."
     failures = [line.strip(" -─=>") for line in failed.report.splitlines() if _ASSERT.match(line.strip(" -─=>"))]
     if failed.success:
         feedback = "Every requirement passed."
     elif failures:
-        feedback = f"The verifier found {len(failures)} failed requirement{'s' if len(failures) != 1 else ''}: " + "; ".join(
-            _clip(f) for f in failures[:5]) + ("; …" if len(failures) > 5 else "") + "."
+        feedback = (
+            f"The verifier found {len(failures)} failed requirement{'s' if len(failures) != 1 else ''}: "
+            + "; ".join(_clip(f) for f in failures[:5])
+            + ("; …" if len(failures) > 5 else "")
+            + "."
+        )
     else:
         feedback = rule_insight(failed.report)
     hint = "" if failed.success else rule_insight(failed.report)
@@ -640,8 +657,10 @@ class InsightWriter:
         if source == "policy" and engine is None:
             raise ValueError("insight.source='policy' needs the policy's engine")
         if max_action_tokens < 1 or max_think_tokens < 0:
-            raise ValueError(f"budgets must be max_think_tokens >= 0 and max_action_tokens >= 1, got "
-                             f"{max_think_tokens}, {max_action_tokens}")
+            raise ValueError(
+                f"budgets must be max_think_tokens >= 0 and max_action_tokens >= 1, got "
+                f"{max_think_tokens}, {max_action_tokens}"
+            )
         self.source, self.content, self.thinking = source, content, thinking
         self.show_failed_tests = show_failed_tests
         self.max_think_tokens, self.max_action_tokens = max_think_tokens, max_action_tokens
@@ -652,8 +671,14 @@ class InsightWriter:
         self.builder = ContextBuilder(self.tokenizer, thinking=thinking)
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, tokenizer: Tokenizer, engine: GenerationEngine | None,
-                    teacher_engine: GenerationEngine | None = None, teacher_tokenizer: Tokenizer | None = None) -> InsightWriter:
+    def from_config(
+        cls,
+        config: ml_collections.ConfigDict,
+        tokenizer: Tokenizer,
+        engine: GenerationEngine | None,
+        teacher_engine: GenerationEngine | None = None,
+        teacher_tokenizer: Tokenizer | None = None,
+    ) -> InsightWriter:
         """The writer of `config.insight.*` (budgets, variants), `config.env.max_observation_chars` and
         `config.rollout.temperature`."""
         ins = config.insight
@@ -676,7 +701,9 @@ class InsightWriter:
     def prompt(self, failed: FailedAttempt) -> str:
         """The writer's user message for `failed`."""
         return render_writer_prompt(
-            failed, show_failed_tests=self.show_failed_tests, max_observation_chars=self.max_observation_chars,
+            failed,
+            show_failed_tests=self.show_failed_tests,
+            max_observation_chars=self.max_observation_chars,
             max_rollout_chars=self.max_rollout_chars,
         )
 
@@ -706,10 +733,17 @@ class InsightWriter:
         prompt = self.prompt_ids(failed)
         # A think phase that ended the turn inside the think block, or was aborted, has no answer phase.
         reply = await generate_two_phase(
-            self.engine, tok, prompt, thinking=self.thinking, max_think_tokens=self.max_think_tokens,
-            max_action_tokens=self.max_action_tokens, stop_ids=tok.stop_ids, temperature=self.temperature,
-            seeds=(seed, None if seed is None else (seed + 1) % 2**32), act_only_after_budget=True,
-        )  # fmt: skip
+            self.engine,
+            tok,
+            prompt,
+            thinking=self.thinking,
+            max_think_tokens=self.max_think_tokens,
+            max_action_tokens=self.max_action_tokens,
+            stop_ids=tok.stop_ids,
+            temperature=self.temperature,
+            seeds=(seed, None if seed is None else (seed + 1) % 2**32),
+            act_only_after_budget=True,
+        )
         finish = reply.finish_reason
         text = tok.decode(reply.ids)
         insight = None

@@ -48,8 +48,15 @@ class InsightSchedule:
       max_insights: n_fb, the most recent insights kept.
     """
 
-    def __init__(self, policy: str = "threshold", *, threshold: float = 0.5, first_k: int = 10,
-                 first_k_max_successes: int = 3, max_insights: int = 16):
+    def __init__(
+        self,
+        policy: str = "threshold",
+        *,
+        threshold: float = 0.5,
+        first_k: int = 10,
+        first_k_max_successes: int = 3,
+        max_insights: int = 16,
+    ):
         if policy not in POLICIES:
             raise ValueError(f"unknown insight schedule {policy!r}; choose one of {', '.join(POLICIES)}")
         if max_insights < 1 or first_k < 1 or first_k_max_successes < 0 or not 0.0 <= threshold <= 1.0:
@@ -68,8 +75,13 @@ class InsightSchedule:
     def from_config(cls, config: ml_collections.ConfigDict) -> InsightSchedule:
         """The schedule of `config.insight` (schedule, threshold, first_k, first_k_max_successes, max_insights)."""
         ins = config.insight
-        return cls(ins.schedule, threshold=ins.threshold, first_k=ins.first_k,
-                   first_k_max_successes=ins.first_k_max_successes, max_insights=ins.max_insights)
+        return cls(
+            ins.schedule,
+            threshold=ins.threshold,
+            first_k=ins.first_k,
+            first_k_max_successes=ins.first_k_max_successes,
+            max_insights=ins.max_insights,
+        )
 
     # -- recording ---------------------------------------------------------------------------------------
 

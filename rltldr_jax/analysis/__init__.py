@@ -1,1 +1,2 @@
-"""Analyses of a finished training run: saved rollouts (insight evolution, revisits, categories, reliance) and weights."""
+"""Analyses of a finished training run: saved rollouts (insight evolution, revisits, categories, reliance) and
+weights."""

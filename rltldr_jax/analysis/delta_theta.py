@@ -209,8 +209,15 @@ class LogHistogram:
         idx = bin_index(pos, h.bins_per_octave)
         first = int(idx.min())
         idx -= first
-        return cls(h.bins_per_octave, zeros, first, np.bincount(idx).astype(np.int64), np.bincount(idx, weights=pos),
-                   np.bincount(idx, weights=pos * pos), float(pos.max()))  # fmt: skip
+        return cls(
+            h.bins_per_octave,
+            zeros,
+            first,
+            np.bincount(idx).astype(np.int64),
+            np.bincount(idx, weights=pos),
+            np.bincount(idx, weights=pos * pos),
+            float(pos.max()),
+        )
 
     @property
     def n(self) -> int:
@@ -228,7 +235,7 @@ class LogHistogram:
         out = [np.zeros(length, np.int64), np.zeros(length, np.float64), np.zeros(length, np.float64)]
         for h in parts:
             at = slice(h.start - first, h.start - first + h.counts.size)
-            for acc, arr in zip(out, (h.counts, h.sums, h.sq_sums)):
+            for acc, arr in zip(out, (h.counts, h.sums, h.sq_sums), strict=True):
                 acc[at] += arr
         return LogHistogram(self.bins_per_octave, zeros, first, *out, top)
 
@@ -322,9 +329,13 @@ class DeltaStats:
 
     def __add__(self, other: DeltaStats) -> DeltaStats:
         return DeltaStats(
-            self.tensors + other.tensors, self.n + other.n, self.l1 + other.l1, self.l2sq + other.l2sq,
-            self.exceed + other.exceed, self.hist + other.hist,
-        )  # fmt: skip
+            self.tensors + other.tensors,
+            self.n + other.n,
+            self.l1 + other.l1,
+            self.l2sq + other.l2sq,
+            self.exceed + other.exceed,
+            self.hist + other.hist,
+        )
 
     @property
     def l2(self) -> float:
@@ -339,11 +350,18 @@ class DeltaStats:
         g, s = self.hist.gini(), self.hist.top_share(fraction)
         n = max(self.n, 1)
         return {
-            "tensors": self.tensors, "entries": self.n, "l1": self.l1, "l2": self.l2,
-            "changed": self.changed / n, "exceed_bf16": self.exceed / n,
-            "gini": g.value, "gini_err": g.bound, "top_share": s.value, "top_share_err": s.bound,
+            "tensors": self.tensors,
+            "entries": self.n,
+            "l1": self.l1,
+            "l2": self.l2,
+            "changed": self.changed / n,
+            "exceed_bf16": self.exceed / n,
+            "gini": g.value,
+            "gini_err": g.bound,
+            "top_share": s.value,
+            "top_share_err": s.bound,
             "top_fraction": fraction,
-        }  # fmt: skip
+        }
 
 
 def _row_blocks(shape: tuple[int, ...], chunk_elems: int) -> Iterator[slice]:
@@ -663,8 +681,9 @@ class OrbaxSource(Source):
         except Exception as e:  # truncated or damaged files: TensorStore errors
             from rltldr_jax.checkpoint import CorruptCheckpointError, error_reason
 
-            raise CorruptCheckpointError(f"checkpoint {self.label}: cannot read {leaf} ({error_reason(e)}); its files are "
-                                         "truncated or damaged") from e  # fmt: skip
+            raise CorruptCheckpointError(
+                f"checkpoint {self.label}: cannot read {leaf} ({error_reason(e)}); its files are truncated or damaged"
+            ) from e
         for p in parts:
             restored = restored[p]
         return np.asarray(restored)
@@ -832,9 +851,18 @@ def compare(
 # ----------------------------------------------------------------------------------------------------
 
 COLUMNS = (
-    "kind", "tensors", "entries", "l1", "l2", "changed", "exceed_bf16",
-    "gini", "gini_err", "top_share", "top_share_err",
-)  # fmt: skip
+    "kind",
+    "tensors",
+    "entries",
+    "l1",
+    "l2",
+    "changed",
+    "exceed_bf16",
+    "gini",
+    "gini_err",
+    "top_share",
+    "top_share_err",
+)
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:

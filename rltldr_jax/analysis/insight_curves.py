@@ -121,7 +121,9 @@ def curve_from_records(records: Iterable[AttemptRecord], mode: str, max_k: int) 
     if not tasks:
         return np.full(max_k, np.nan), 0
     if mode == "iid":
-        per_task = [[pass_at_k(len(rs), sum(r.success for r in rs), k) for k in range(1, max_k + 1)] for rs in tasks.values()]
+        per_task = [
+            [pass_at_k(len(rs), sum(r.success for r in rs), k) for k in range(1, max_k + 1)] for rs in tasks.values()
+        ]
         return np.asarray(per_task, dtype=np.float64).mean(axis=0), len(tasks)
     kept = [r for r in records if r.task_id in tasks]
     return insight_pass_at_k_curve(kept, max_k), len(tasks)
@@ -195,10 +197,17 @@ def run_mode(
     if mode != "iid" and writer is None:
         raise ValueError(f"mode {mode!r} needs an insight writer (InsightWriter.from_config)")
     collector = Collector(
-        engine, make_env, builder, EpisodeConfig.from_config(config), schedule_for(mode, config.insight.max_insights),
-        None if mode == "iid" else writer, group_size=n, exact_group_size=True, insight_after=config.insight.after,
+        engine,
+        make_env,
+        builder,
+        EpisodeConfig.from_config(config),
+        schedule_for(mode, config.insight.max_insights),
+        None if mode == "iid" else writer,
+        group_size=n,
+        exact_group_size=True,
+        insight_after=config.insight.after,
         progress=progress,
-    )  # fmt: skip
+    )
     result = collector.collect(list(tasks), phase=phase)
     curve, n_tasks = curve_from_records(attempt_records(result), mode, max_k)
     return CurveResult(mode, curve, n_tasks, _mean_insights(result, max_k), result)
@@ -226,16 +235,26 @@ def insight_curves(
     results: dict[str, CurveResult] = {}
     for mode in parse_modes(modes):
         results[mode] = run_mode(
-            mode, engine, builder, config, tasks=tasks, make_env=make_env, writer=writer, max_k=max_k,
-            iid_samples=iid_samples, phase=phase, progress=progress,
-        )  # fmt: skip
+            mode,
+            engine,
+            builder,
+            config,
+            tasks=tasks,
+            make_env=make_env,
+            writer=writer,
+            max_k=max_k,
+            iid_samples=iid_samples,
+            phase=phase,
+            progress=progress,
+        )
         if on_mode is not None:
             on_mode(results[mode])
     return results
 
 
-def curve_tasks(config: Any, *, split: str | None = None, num_tasks: int | None = None,
-                task_ids: Sequence[str] | None = None) -> list[Task]:
+def curve_tasks(
+    config: Any, *, split: str | None = None, num_tasks: int | None = None, task_ids: Sequence[str] | None = None
+) -> list[Task]:
     """The tasks of the curves, chosen as `eval_tasks` chooses evaluation tasks (seeded order, first n).
 
     Args:
@@ -313,7 +332,10 @@ def write_curves(results: Mapping[str, CurveResult], out_dir: str | os.PathLike)
     ]
     return [
         write_csv(os.path.join(out_dir, "insight_curves.csv"), CSV_HEADER, curve_rows(results)),
-        write_csv(os.path.join(out_dir, "insight_curves_attempts.csv"),
-                  ("mode", "task_id", "attempt", "success", "n_insights", "env_steps"), attempts),
+        write_csv(
+            os.path.join(out_dir, "insight_curves_attempts.csv"),
+            ("mode", "task_id", "attempt", "success", "n_insights", "env_steps"),
+            attempts,
+        ),
         plot_curves(results, os.path.join(out_dir, "insight_curves.png")),
-    ]  # fmt: skip
+    ]

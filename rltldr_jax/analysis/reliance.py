@@ -98,7 +98,9 @@ def masked_logprob_sums(
     return out
 
 
-def attempt_rows(record: RolloutRecord, builder: ContextBuilder, *, with_insights: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+def attempt_rows(
+    record: RolloutRecord, builder: ContextBuilder, *, with_insights: bool
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """One (ids [T], action_mask [T]) per step of the attempt, its context with or without its insights."""
     attempt = record.attempt if with_insights else dataclasses.replace(record.attempt, insights=())
     return [(e.ids, e.action_mask) for e in attempt_examples(attempt, 0.0, builder)]
@@ -151,10 +153,13 @@ class RelianceResult:
 
     def summary(self) -> dict[str, float | int | str]:
         return {
-            "first_half": self.first_half, "second_half": self.second_half, "n_first_half": self.n_first,
-            "n_second_half": self.n_second, "split_phase": self.split,
+            "first_half": self.first_half,
+            "second_half": self.second_half,
+            "n_first_half": self.n_first,
+            "n_second_half": self.n_second,
+            "split_phase": self.split,
             "skipped_phases": " ".join(map(str, self.skipped_phases)),
-        }  # fmt: skip
+        }
 
 
 def _means(xs: Sequence[float]) -> float:
@@ -207,14 +212,16 @@ def insight_reliance(
         sums = masked_logprob_sums(model, rows, batch_size=batch_size, min_length=min_length, chunk=chunk)
         logp = np.zeros((len(chosen), 2), np.float64)  # [:, 0] with, [:, 1] without
         tokens = np.zeros(len(chosen), np.int64)
-        for (k, with_insights), s, (_, mask) in zip(owner, sums, rows):
+        for (k, with_insights), s, (_, mask) in zip(owner, sums, rows, strict=True):
             logp[k, 0 if with_insights else 1] += s
             if with_insights:
                 tokens[k] += int(mask.sum())
         for k, r in enumerate(chosen):
             if tokens[k]:
                 a = r.attempt
-                scored.append(AttemptReliance(r.task_id, phase, a.index, len(a.insights), int(tokens[k]), logp[k, 0], logp[k, 1]))
+                scored.append(
+                    AttemptReliance(r.task_id, phase, a.index, len(a.insights), int(tokens[k]), logp[k, 0], logp[k, 1])
+                )
     per_phase = []
     for phase in sorted({a.phase for a in scored}):
         values = [a.reliance for a in scored if a.phase == phase]
@@ -222,9 +229,15 @@ def insight_reliance(
     first = [m for p, m, _ in per_phase if p < split]
     second = [m for p, m, _ in per_phase if p >= split]
     return RelianceResult(
-        tuple(scored), tuple(per_phase), split, _means(first), _means(second),
-        sum(n for p, _, n in per_phase if p < split), sum(n for p, _, n in per_phase if p >= split), tuple(skipped),
-    )  # fmt: skip
+        tuple(scored),
+        tuple(per_phase),
+        split,
+        _means(first),
+        _means(second),
+        sum(n for p, _, n in per_phase if p < split),
+        sum(n for p, _, n in per_phase if p >= split),
+        tuple(skipped),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -296,14 +309,16 @@ def write_reliance(result: RelianceResult, out_dir: str | os.PathLike) -> list[s
         write_csv(
             os.path.join(out_dir, "reliance_attempts.csv"),
             ("task_id", "phase", "attempt", "n_insights", "n_tokens", "logp_with", "logp_without", "reliance"),
-            [(a.task_id, a.phase, a.attempt, a.n_insights, a.n_tokens, a.logp_with, a.logp_without, a.reliance)
-             for a in result.attempts],
+            [
+                (a.task_id, a.phase, a.attempt, a.n_insights, a.n_tokens, a.logp_with, a.logp_without, a.reliance)
+                for a in result.attempts
+            ],
         ),
-    ]  # fmt: skip
+    ]
     fig = new_figure(6.0, 3.5)
     ax = fig.add_subplot()
     if result.per_phase:
-        phases, means, _ = zip(*result.per_phase)
+        phases, means, _ = zip(*result.per_phase, strict=True)
         ax.plot(phases, means, marker="o", ms=3, lw=1, label="per phase")
         boundary = math.ceil(result.split) - 0.5  # between the last phase of the first half and the next
         halves = ((min(phases) - 0.5, boundary, result.first_half), (boundary, max(phases) + 0.5, result.second_half))
@@ -312,7 +327,10 @@ def write_reliance(result: RelianceResult, out_dir: str | os.PathLike) -> list[s
                 ax.hlines(v, a, b, colors="tab:red", lw=2, label="half mean" if a < boundary else None)
         ax.legend(loc="best")
     ax.axhline(0.0, color="grey", lw=0.8, ls="--")
-    ax.set(xlabel="phase", ylabel="reliance (nats / action token)",
-           title=f"Insight reliance: {result.first_half:+.3g} → {result.second_half:+.3g}")  # fmt: skip
+    ax.set(
+        xlabel="phase",
+        ylabel="reliance (nats / action token)",
+        title=f"Insight reliance: {result.first_half:+.3g} → {result.second_half:+.3g}",
+    )
     paths.append(save_figure(fig, os.path.join(out_dir, "reliance.png")))
     return paths

@@ -33,11 +33,9 @@ from typing import Any
 
 import numpy as np
 
-
 # ----------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------
-
 # The loader lives next to `save_phase` (the RL/SFT trainers read rollouts too); re-exported here.
 from rltldr_jax.agent.collector import PHASE_GLOB, RolloutRecord, load_rollouts, record_from_json, rollouts_dir  # noqa: E402,F401
 
@@ -143,8 +141,12 @@ class EvolutionResult:
     n_within: int
 
     def summary(self) -> dict[str, float | int]:
-        return {"mean_within": self.mean_within, "mean_across": self.mean_across, "n_tasks": self.n_tasks,
-                "n_within": self.n_within}  # fmt: skip
+        return {
+            "mean_within": self.mean_within,
+            "mean_across": self.mean_across,
+            "n_tasks": self.n_tasks,
+            "n_within": self.n_within,
+        }
 
 
 def insight_evolution(records: Sequence[RolloutRecord], *, stop_words: frozenset[str] = STOP_WORDS) -> EvolutionResult:
@@ -165,12 +167,17 @@ def insight_evolution(records: Sequence[RolloutRecord], *, stop_words: frozenset
         across_pairs = list(itertools.product(first, last))
         tasks.append(
             TaskEvolution(
-                task_id, phases[0], phases[-1], len(first), len(last),
+                task_id,
+                phases[0],
+                phases[-1],
+                len(first),
+                len(last),
                 within=_mean(jaccard_dissimilarity(a, b, stop_words) for a, b in within_pairs),
                 across=_mean(jaccard_dissimilarity(a, b, stop_words) for a, b in across_pairs),
-                n_within_pairs=len(within_pairs), n_across_pairs=len(across_pairs),
+                n_within_pairs=len(within_pairs),
+                n_across_pairs=len(across_pairs),
             )
-        )  # fmt: skip
+        )
     within = [t.within for t in tasks if not math.isnan(t.within)]
     return EvolutionResult(tuple(tasks), _mean(within), _mean(t.across for t in tasks), len(tasks), len(within))
 
@@ -180,7 +187,9 @@ def insight_evolution(records: Sequence[RolloutRecord], *, stop_words: frozenset
 # ----------------------------------------------------------------------------------------------------
 
 
-def paired_permutation_pvalue(differences: Sequence[float], *, max_resamples: int = 100_000, seed: int = 0) -> tuple[float, str]:
+def paired_permutation_pvalue(
+    differences: Sequence[float], *, max_resamples: int = 100_000, seed: int = 0
+) -> tuple[float, str]:
     """Two-sided p-value of a paired sign-flip permutation test of mean(differences) = 0.
 
     Under H0 each paired difference is as likely to have the opposite sign; the p-value is the share of sign
@@ -199,11 +208,16 @@ def paired_permutation_pvalue(differences: Sequence[float], *, max_resamples: in
     d = d[d != 0]
     if d.size == 0:
         return 1.0, "all paired differences are zero"
-    exact = 2.0 ** d.size <= max_resamples
+    exact = 2.0**d.size <= max_resamples
     res = stats.permutation_test(
-        (d,), lambda x, axis: np.sum(x, axis=axis), permutation_type="samples", vectorized=True,
-        n_resamples=max_resamples, alternative="two-sided", rng=np.random.default_rng(seed),
-    )  # fmt: skip
+        (d,),
+        lambda x, axis: np.sum(x, axis=axis),
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=max_resamples,
+        alternative="two-sided",
+        rng=np.random.default_rng(seed),
+    )
     how = "exact" if exact else f"Monte Carlo, {max_resamples} draws"
     return float(res.pvalue), f"paired sign-flip permutation test ({how}, {d.size} nonzero differences)"
 
@@ -253,11 +267,20 @@ class RevisitResult:
 
     def summary(self) -> dict[str, float | int | str]:
         return {
-            "n": self.n, "mean_first": self.mean_first, "mean_last": self.mean_last, "change": self.change,
-            "p_value": self.p_value, "test": self.test, "unpaired_revisited": self.unpaired_revisited,
-            "split_phase": self.split, "never_n_first_half": self.never_n_first, "never_n_second_half": self.never_n_second,
-            "never_first_half": self.never_first, "never_second_half": self.never_second, "never_change": self.never_change,
-        }  # fmt: skip
+            "n": self.n,
+            "mean_first": self.mean_first,
+            "mean_last": self.mean_last,
+            "change": self.change,
+            "p_value": self.p_value,
+            "test": self.test,
+            "unpaired_revisited": self.unpaired_revisited,
+            "split_phase": self.split,
+            "never_n_first_half": self.never_n_first,
+            "never_n_second_half": self.never_n_second,
+            "never_first_half": self.never_first,
+            "never_second_half": self.never_second,
+            "never_change": self.never_change,
+        }
 
 
 def revisited_tasks(records: Sequence[RolloutRecord], *, max_resamples: int = 100_000, seed: int = 0) -> RevisitResult:
@@ -282,22 +305,36 @@ def revisited_tasks(records: Sequence[RolloutRecord], *, max_resamples: int = 10
                 rated[p] = (float(np.mean(plain)), len(plain))
         if len(by_phase) == 1:
             if rated:
-                (p, (rate, _)), = rated.items()
+                ((p, (rate, _)),) = rated.items()
                 never[p >= split].append(rate)
             continue
         if len(rated) < 2:
             unpaired += 1
             continue
         first, last = min(rated), max(rated)
-        pairs.append(RevisitedTask(task_id, first, last, rated[first][0], rated[last][0], rated[first][1], rated[last][1]))
+        pairs.append(
+            RevisitedTask(task_id, first, last, rated[first][0], rated[last][0], rated[first][1], rated[last][1])
+        )
     diffs = [t.last_rate - t.first_rate for t in pairs]
     p, test = paired_permutation_pvalue(diffs, max_resamples=max_resamples, seed=seed)
     mean_first, mean_last = _mean(t.first_rate for t in pairs), _mean(t.last_rate for t in pairs)
     never_first, never_second = _mean(never[False]), _mean(never[True])
     return RevisitResult(
-        tuple(pairs), len(pairs), mean_first, mean_last, mean_last - mean_first, p, test, unpaired, split,
-        len(never[False]), len(never[True]), never_first, never_second, never_second - never_first,
-    )  # fmt: skip
+        tuple(pairs),
+        len(pairs),
+        mean_first,
+        mean_last,
+        mean_last - mean_first,
+        p,
+        test,
+        unpaired,
+        split,
+        len(never[False]),
+        len(never[True]),
+        never_first,
+        never_second,
+        never_second - never_first,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -311,32 +348,113 @@ OTHER = "Other"
 #: to the category with the most distinct matching keywords (ties: the earlier category of this table), or to
 #: "Other" when none matches. The lists were written from Table 5's example insights and their obvious variants.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Wrong capitalization", (
-        "uppercase", "upper case", "upper-case", "lowercase", "lower case", "lower-case", "capitalization",
-        "capitalisation", "capitalize", "capitalise", "capitalized", "capitalised", "capital", "capital letter",
-        "capital letters", "case-sensitive", "case sensitive", "casing", "enum", "enums", "enum value",
-    )),
-    ("Unrecorded action", (
-        "record", "records", "recorded", "history", "event", "events", "mark", "marked", "marking", "as read",
-        "track", "tracked", "rather than just viewing", "instead of just viewing",
-    )),
-    ("Extra parameter", (
-        "without passing", "extra parameter", "extra argument", "unnecessary parameter", "unnecessary argument",
-        "omit", "omitting", "do not pass", "don't pass", "should not include", "not include", "answer parameter",
-        "parameter", "parameters",
-    )),
-    ("Unsaved setting", (
-        "setting", "settings", "preference", "preferences", "saved", "save", "persist", "persists", "persisted",
-        "default", "configuration", "database",
-    )),
-    ("Over-filtering", (
-        "filter", "filters", "filtering", "filtered", "no results", "too restrictive", "too narrow",
-    )),
-    ("Argument position", (
-        "positional", "position", "first argument", "second argument", "keyword argument", "argument order",
-        "order of arguments", "order of the arguments",
-    )),
-)  # fmt: skip
+    (
+        "Wrong capitalization",
+        (
+            "uppercase",
+            "upper case",
+            "upper-case",
+            "lowercase",
+            "lower case",
+            "lower-case",
+            "capitalization",
+            "capitalisation",
+            "capitalize",
+            "capitalise",
+            "capitalized",
+            "capitalised",
+            "capital",
+            "capital letter",
+            "capital letters",
+            "case-sensitive",
+            "case sensitive",
+            "casing",
+            "enum",
+            "enums",
+            "enum value",
+        ),
+    ),
+    (
+        "Unrecorded action",
+        (
+            "record",
+            "records",
+            "recorded",
+            "history",
+            "event",
+            "events",
+            "mark",
+            "marked",
+            "marking",
+            "as read",
+            "track",
+            "tracked",
+            "rather than just viewing",
+            "instead of just viewing",
+        ),
+    ),
+    (
+        "Extra parameter",
+        (
+            "without passing",
+            "extra parameter",
+            "extra argument",
+            "unnecessary parameter",
+            "unnecessary argument",
+            "omit",
+            "omitting",
+            "do not pass",
+            "don't pass",
+            "should not include",
+            "not include",
+            "answer parameter",
+            "parameter",
+            "parameters",
+        ),
+    ),
+    (
+        "Unsaved setting",
+        (
+            "setting",
+            "settings",
+            "preference",
+            "preferences",
+            "saved",
+            "save",
+            "persist",
+            "persists",
+            "persisted",
+            "default",
+            "configuration",
+            "database",
+        ),
+    ),
+    (
+        "Over-filtering",
+        (
+            "filter",
+            "filters",
+            "filtering",
+            "filtered",
+            "no results",
+            "too restrictive",
+            "too narrow",
+        ),
+    ),
+    (
+        "Argument position",
+        (
+            "positional",
+            "position",
+            "first argument",
+            "second argument",
+            "keyword argument",
+            "argument order",
+            "order of arguments",
+            "order of the arguments",
+        ),
+    ),
+)
 
 CATEGORY_NAMES: tuple[str, ...] = (*(name for name, _ in CATEGORIES), OTHER)
 
@@ -389,8 +507,10 @@ def insight_categories(records: Sequence[RolloutRecord], *, unique: bool = False
         seen: set[tuple[str, str]] = set()
         items = [it for it in items if (it[0], it[2]) not in seen and not seen.add((it[0], it[2]))]
     if not items:
-        raise ValueError("the rollouts hold no written insight (writer_output.insight): was the run trained without an "
-                         "insight writer (insight.schedule='never', the GRPO baseline)?")  # fmt: skip
+        raise ValueError(
+            "the rollouts hold no written insight (writer_output.insight): was the run trained without an "
+            "insight writer (insight.schedule='never', the GRPO baseline)?"
+        )
     classified = tuple((tid, classify_insight(t), p, t) for tid, p, t in items)
     counts = {name: 0 for name in CATEGORY_NAMES}
     for _, cat, _, _ in classified:
@@ -455,9 +575,16 @@ def write_evolution(result: EvolutionResult, out_dir: str | os.PathLike) -> list
     ok = [t for t in result.tasks if not math.isnan(t.within)]
     ax.scatter([t.within for t in ok], [t.across for t in ok], s=14, alpha=0.7)
     ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
-    ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel="dissimilarity within a visit",
-           ylabel="dissimilarity first vs last visit",
-           title=f"within {result.mean_within:.2f} (n={result.n_within}) vs across {result.mean_across:.2f} (n={result.n_tasks})")  # fmt: skip
+    ax.set(
+        xlim=(-0.02, 1.02),
+        ylim=(-0.02, 1.02),
+        xlabel="dissimilarity within a visit",
+        ylabel="dissimilarity first vs last visit",
+        title=(
+            f"within {result.mean_within:.2f} (n={result.n_within}) "
+            f"vs across {result.mean_across:.2f} (n={result.n_tasks})"
+        ),
+    )
     paths.append(save_figure(fig, os.path.join(out_dir, "evolution.png")))
     return paths
 
@@ -477,12 +604,21 @@ def write_revisits(result: RevisitResult, out_dir: str | os.PathLike) -> list[st
     for t in result.tasks:
         ax.plot([0, 1], [t.first_rate, t.last_rate], color="tab:blue", alpha=0.15, lw=1)
     ax.plot([0, 1], [result.mean_first, result.mean_last], color="tab:red", lw=2.5, marker="o", label="mean")
-    ax.set(xticks=[0, 1], xticklabels=["first visit", "last visit"], ylim=(-0.05, 1.05), ylabel="success without insight",
-           title=f"Revisited (n={result.n}, p={result.p_value:.3g})")  # fmt: skip
+    ax.set(
+        xticks=[0, 1],
+        xticklabels=["first visit", "last visit"],
+        ylim=(-0.05, 1.05),
+        ylabel="success without insight",
+        title=f"Revisited (n={result.n}, p={result.p_value:.3g})",
+    )
     ax.legend(loc="upper left")
     bx.bar([0, 1], [result.never_first, result.never_second], color=["tab:grey", "tab:green"])
-    bx.set(xticks=[0, 1], xticklabels=[f"1st half\n(n={result.never_n_first})", f"2nd half\n(n={result.never_n_second})"],
-           ylim=(0, 1), title=f"Never revisited ({100 * result.never_change:+.1f} pp)")  # fmt: skip
+    bx.set(
+        xticks=[0, 1],
+        xticklabels=[f"1st half\n(n={result.never_n_first})", f"2nd half\n(n={result.never_n_second})"],
+        ylim=(0, 1),
+        title=f"Never revisited ({100 * result.never_change:+.1f} pp)",
+    )
     paths.append(save_figure(fig, os.path.join(out_dir, "revisits.png")))
     return paths
 
@@ -490,10 +626,17 @@ def write_revisits(result: RevisitResult, out_dir: str | os.PathLike) -> list[st
 def write_categories(result: CategoryResult, out_dir: str | os.PathLike) -> list[str]:
     """categories.csv (category, count, share), categories_insights.csv (each insight), categories.png."""
     paths = [
-        write_csv(os.path.join(out_dir, "categories.csv"), ("category", "count", "share"),
-                  ((k, result.counts[k], result.shares[k]) for k in CATEGORY_NAMES)),
-        write_csv(os.path.join(out_dir, "categories_insights.csv"), ("task_id", "category", "phase", "insight"), result.insights),
-    ]  # fmt: skip
+        write_csv(
+            os.path.join(out_dir, "categories.csv"),
+            ("category", "count", "share"),
+            ((k, result.counts[k], result.shares[k]) for k in CATEGORY_NAMES),
+        ),
+        write_csv(
+            os.path.join(out_dir, "categories_insights.csv"),
+            ("task_id", "category", "phase", "insight"),
+            result.insights,
+        ),
+    ]
     fig = new_figure(6.0, 3.5)
     ax = fig.add_subplot()
     names = list(CATEGORY_NAMES)[::-1]

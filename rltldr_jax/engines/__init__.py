@@ -1,6 +1,12 @@
 """Generation engines behind one protocol: the embedded JaxEngine and the SGLang gRPC client."""
 
-from rltldr_jax.engines.engine import FinishReason, GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
+from rltldr_jax.engines.engine import (
+    FinishReason,
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 from rltldr_jax.engines.jax_engine import JaxEngine
 from rltldr_jax.engines.sglang_client import ClientClosedError, NoServerError, SglangClient, StaleWeightsError
 

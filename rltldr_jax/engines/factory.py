@@ -46,8 +46,14 @@ class TeacherConfig:
         if config.insight.source != "teacher":
             return None
         t, m = config.insight.teacher, config.model
-        return cls(checkpoint=t.checkpoint, servers=t.servers, tokenizer=t.tokenizer, dtype=m.dtype,
-                   param_dtype=m.param_dtype, allow_nonfinite=m.allow_nonfinite)  # fmt: skip
+        return cls(
+            checkpoint=t.checkpoint,
+            servers=t.servers,
+            tokenizer=t.tokenizer,
+            dtype=m.dtype,
+            param_dtype=m.param_dtype,
+            allow_nonfinite=m.allow_nonfinite,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +80,20 @@ class EngineConfig:
         """The engines of a run's config."""
         e = config.engine
         return cls(
-            kind=e.kind, servers=e.servers, http_servers=e.http_servers, request_timeout_s=e.request_timeout_s,
-            weight_sync_dir=e.weight_sync_dir, max_batch=e.max_batch, batch_invariant=e.batch_invariant,
-            prefix_cache_mb=e.prefix_cache_mb, prefill_chunk=e.prefill_chunk, weights_dtype=e.weights_dtype,
-            assume_initial_weights=e.assume_initial_weights, max_context_tokens=config.rollout.max_context_tokens,
+            kind=e.kind,
+            servers=e.servers,
+            http_servers=e.http_servers,
+            request_timeout_s=e.request_timeout_s,
+            weight_sync_dir=e.weight_sync_dir,
+            max_batch=e.max_batch,
+            batch_invariant=e.batch_invariant,
+            prefix_cache_mb=e.prefix_cache_mb,
+            prefill_chunk=e.prefill_chunk,
+            weights_dtype=e.weights_dtype,
+            assume_initial_weights=e.assume_initial_weights,
+            max_context_tokens=config.rollout.max_context_tokens,
             teacher=TeacherConfig.from_config(config),
-        )  # fmt: skip
+        )
 
     def jax_engine_options(self) -> dict[str, Any]:
         """The embedded JaxEngine's options: batch_invariant, prefill_chunk, prefix_cache_bytes, weights_dtype."""
@@ -101,8 +115,13 @@ def policy_engine(config: EngineConfig, model: Any, *, workdir: str, version: in
     if config.kind == "jax":
         from rltldr_jax.engines.jax_engine import JaxEngine
 
-        return JaxEngine(model, max_batch=config.max_batch, max_len=config.max_context_tokens, weight_version=version,
-                         **config.jax_engine_options())  # fmt: skip
+        return JaxEngine(
+            model,
+            max_batch=config.max_batch,
+            max_len=config.max_context_tokens,
+            weight_version=version,
+            **config.jax_engine_options(),
+        )
     from rltldr_jax.engines.sglang_client import SglangClient
 
     servers = _addresses(config.servers)
@@ -113,12 +132,18 @@ def policy_engine(config: EngineConfig, model: Any, *, workdir: str, version: in
         )
     http = _addresses(config.http_servers) or None
     if config.kind == "sglang" and not http:
-        raise ValueError("engine.kind=sglang needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes")
+        raise ValueError(
+            "engine.kind=sglang needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes"
+        )
     return SglangClient(
-        servers, http_urls=http, weight_update="http" if config.kind == "sglang" else "grpc",
-        graphdef=nnx.graphdef(model), weight_dir=config.weight_sync_dir or os.path.join(workdir, "weights"),
-        request_timeout_s=config.request_timeout_s or None, weight_version=version,
-    )  # fmt: skip
+        servers,
+        http_urls=http,
+        weight_update="http" if config.kind == "sglang" else "grpc",
+        graphdef=nnx.graphdef(model),
+        weight_dir=config.weight_sync_dir or os.path.join(workdir, "weights"),
+        request_timeout_s=config.request_timeout_s or None,
+        weight_version=version,
+    )
 
 
 def teacher_engine(config: EngineConfig) -> tuple[GenerationEngine | None, Tokenizer | None]:
@@ -150,8 +175,9 @@ def teacher_engine(config: EngineConfig) -> tuple[GenerationEngine | None, Token
     from rltldr_jax.models import load_pretrained
 
     dtype = getattr(jnp, t.dtype)
-    model = load_pretrained(t.checkpoint, dtype=getattr(jnp, t.param_dtype), compute_dtype=dtype,
-                            allow_nonfinite=t.allow_nonfinite)  # fmt: skip
+    model = load_pretrained(
+        t.checkpoint, dtype=getattr(jnp, t.param_dtype), compute_dtype=dtype, allow_nonfinite=t.allow_nonfinite
+    )
     if t.tokenizer or os.path.isfile(os.path.join(t.checkpoint, "tokenizer.json")):
         tokenizer = load_tokenizer(t.tokenizer or t.checkpoint)
     else:

@@ -87,7 +87,9 @@ def _with_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeS
     `rows` has one entry per row of `sub`; an out-of-range entry (e.g. B) drops that row, so a padded
     prefill sub-batch is inserted without slicing it to the number of real requests (one compile per bucket).
     """
-    layers = jax.tree.map(lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype), mode="drop"), state.layers, sub.layers)
+    layers = jax.tree.map(
+        lambda big, small: big.at[:, :, rows].set(small.astype(big.dtype), mode="drop"), state.layers, sub.layers
+    )
     return DecodeState(state.lengths.at[rows].set(sub.lengths, mode="drop"), layers)
 
 
@@ -98,7 +100,9 @@ class _MixedRowLinear(RowLinear):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., in] → [..., out] in the compute dtype."""
         w = self.weight[...]
-        y = jax.lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        y = jax.lax.dot_general(
+            x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
         return y.astype(self.dtype)
 
 
@@ -275,7 +279,9 @@ class JaxEngine:
         # layer out of stacked weights inside the compiled step would copy it at every token.
         self._graphdef, params = nnx.split(unroll(model))
         embedding = dict(nnx.to_flat_state(params))[("embed_tokens", "embedding")]
-        self.weights_dtype = jnp.dtype(cast_to or (embedding[...] if isinstance(embedding, nnx.Variable) else embedding).dtype)
+        self.weights_dtype = jnp.dtype(
+            cast_to or (embedding[...] if isinstance(embedding, nnx.Variable) else embedding).dtype
+        )
         # bfloat16 matrices meet bfloat16 inputs with float32 accumulation when asked for, or when the model computes in
         # bfloat16 anyway (its own products round their inputs the same way); a float32 model given bfloat16
         # parameters without weights_dtype keeps its own graph (weights upcast inside the step).
@@ -348,7 +354,11 @@ class JaxEngine:
         now and the byte budget (0 without a cache)."""
         with self._lock:
             stats = dataclasses.asdict(self._prefix_stats)
-            held = (0, 0, 0) if self._prefix is None else (len(self._prefix), self._prefix.bytes, self._prefix.budget_bytes)
+            held = (
+                (0, 0, 0)
+                if self._prefix is None
+                else (len(self._prefix), self._prefix.bytes, self._prefix.budget_bytes)
+            )
             return {**stats, "entries": held[0], "bytes": held[1], "budget_bytes": held[2]}
 
     def submit(self, request: GenerationRequest, done: Callable[[GenerationResult], None]) -> None:
@@ -516,11 +526,14 @@ class JaxEngine:
             self._prefix.clear()  # its states were computed with other weights
             self._prefix_generation = generation
         if self.batch_invariant:
-            placed = [(slot, *self._prefill_alone(params, a, slot)) for slot, a in zip(free, actives)]
+            placed = [(slot, *self._prefill_alone(params, a, slot)) for slot, a in zip(free, actives, strict=False)]
         else:
             slots = free[: len(actives)]
-            placed = [(slot, *sampled) for slot, sampled in zip(slots, self._prefill_group(params, actives, slots))]
-        for slot, a in zip(free, actives):
+            placed = [
+                (slot, *sampled)
+                for slot, sampled in zip(slots, self._prefill_group(params, actives, slots), strict=True)
+            ]
+        for slot, a in zip(free, actives, strict=False):
             self._slots[slot] = a
         self._admitting = []
         for slot, token, logprob in placed:
@@ -532,8 +545,12 @@ class JaxEngine:
         sampling = self._sampling_arrays([a], 1)
         token, logprob, row = prefill_chunked(
             lambda row, ids, valid: self._prefill(params, row, ids, valid, *sampling),
-            lambda: self._empty_rows(1), a.request.prompt_ids, self.prefill_chunk, self._prefix, self._prefix_stats,
-        )  # fmt: skip
+            lambda: self._empty_rows(1),
+            a.request.prompt_ids,
+            self.prefill_chunk,
+            self._prefix,
+            self._prefix_stats,
+        )
         self._state = self._insert(self._state, np.array([slot], np.int32), row)
         return int(token[0]), float(logprob[0])
 
@@ -547,12 +564,14 @@ class JaxEngine:
         for r, a in enumerate(actives):
             ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
             valid[r, : len(a.request.prompt_ids)] = True
-        tokens, logprobs, sub = self._prefill(params, self._empty_rows(n), ids, valid, *self._sampling_arrays(actives, n))
+        tokens, logprobs, sub = self._prefill(
+            params, self._empty_rows(n), ids, valid, *self._sampling_arrays(actives, n)
+        )
         rows = np.full(n, self.max_batch, np.int32)  # padding rows point past the end and are dropped
         rows[: len(actives)] = slots
         self._state = self._insert(self._state, rows, sub)
         k = len(actives)  # rows past k are bucket padding
-        return [(int(t), float(lp)) for t, lp in zip(np.asarray(tokens)[:k], np.asarray(logprobs)[:k])]
+        return [(int(t), float(lp)) for t, lp in zip(np.asarray(tokens)[:k], np.asarray(logprobs)[:k], strict=True)]
 
     def _log_prefix_stats(self) -> None:
         """Logs the prefix cache's use since the last call (once per weight version)."""
@@ -608,8 +627,11 @@ class JaxEngine:
                 with self._lock:
                     self._busy = False
                     self._lock.notify_all()
-                    while not self._closed and not self._abort_all and not self._to_abort and (
-                        self._paused or (not self._queue and all(s is None for s in self._slots))
+                    while (
+                        not self._closed
+                        and not self._abort_all
+                        and not self._to_abort
+                        and (self._paused or (not self._queue and all(s is None for s in self._slots)))
                     ):
                         self._lock.wait()
                     if self._closed:

@@ -44,7 +44,9 @@ def boundary_keys(ids: Sequence[int], chunk: int, count: int) -> list[bytes]:
     tokens = np.asarray(ids[: count * chunk], np.int32)
     keys, digest = [], chunk.to_bytes(4, "little")  # the chunk size is part of the key
     for k in range(count):
-        digest = hashlib.blake2b(digest + tokens[k * chunk : (k + 1) * chunk].tobytes(), digest_size=_DIGEST_BYTES).digest()
+        digest = hashlib.blake2b(
+            digest + tokens[k * chunk : (k + 1) * chunk].tobytes(), digest_size=_DIGEST_BYTES
+        ).digest()
         keys.append(digest)
     return keys
 
@@ -63,10 +65,11 @@ def boundaries_to_store(n: int, chunk: int) -> set[int]:
 def _take_prefix(state: DecodeState, length: int) -> DecodeState:
     """Copies of a one-row state's arrays, the KV caches cut to their first `length` positions."""
     layers = tuple(
-        AttentionCache(c.k[:, :, :, :length], c.v[:, :, :, :length]) if isinstance(c, AttentionCache)
+        AttentionCache(c.k[:, :, :, :length], c.v[:, :, :, :length])
+        if isinstance(c, AttentionCache)
         else jax.tree.map(jnp.copy, c)
         for c in state.layers
-    )  # fmt: skip
+    )
     return DecodeState(jnp.copy(state.lengths), layers)
 
 
@@ -80,7 +83,7 @@ def _restore(entry: DecodeState, cache_len: int) -> DecodeState:
     layers = tuple(
         AttentionCache(pad(c.k), pad(c.v)) if isinstance(c, AttentionCache) else jax.tree.map(jnp.copy, c)
         for c in entry.layers
-    )  # fmt: skip
+    )
     return DecodeState(jnp.copy(entry.lengths), layers)  # copies: the engine donates the row to its prefill
 
 
@@ -168,7 +171,8 @@ class PrefixCache:
         total = reused + now.prefilled_tokens - since.prefilled_tokens
         return (
             f"{now.hits - since.hits} of {requests} prompts resumed from a stored prefix, {reused} of {total} prompt "
-            f"tokens reused ({100.0 * reused / max(total, 1):.0f} %); {len(self)} entries, {self.bytes / 2**20:.1f} MB held"
+            f"tokens reused ({100.0 * reused / max(total, 1):.0f} %); "
+            f"{len(self)} entries, {self.bytes / 2**20:.1f} MB held"
         )
 
 

@@ -87,7 +87,9 @@ def meta_info(result: GenerationResult, prompt_tokens: int, with_logprobs: bool)
         "weight_version": str(result.weight_version),
     }
     if with_logprobs:
-        info["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(result.logprobs, result.token_ids)]
+        info["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(result.logprobs, result.token_ids, strict=True)
+        ]
     return {k: json.dumps(v) for k, v in info.items()}
 
 
@@ -102,7 +104,9 @@ class EngineService:
         first update).
     """
 
-    def __init__(self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32, fingerprint: str | None = None):
+    def __init__(
+        self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32, fingerprint: str | None = None
+    ):
         self.engine = engine
         self.model_path = model_path
         self.param_dtype = param_dtype
@@ -115,7 +119,9 @@ class EngineService:
 
     async def Generate(self, request, context):
         if request.HasField("logprob_start_len") and request.logprob_start_len >= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "input-token logprobs (logprob_start_len >= 0) are not supported")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "input-token logprobs (logprob_start_len >= 0) are not supported"
+            )
         rid = request.rid if request.HasField("rid") and request.rid else uuid.uuid4().hex
         try:
             ours = GenerationRequest(tuple(request.input_ids), sampling_params(request), request_id=rid)
@@ -145,7 +151,9 @@ class EngineService:
 
     async def UpdateWeightsFromDisk(self, request, context):
         if request.HasField("load_format") and request.load_format not in ("", "auto", "safetensors"):
-            return pb.UpdateWeightsResponse(success=False, message=f"load_format {request.load_format!r}: only safetensors")
+            return pb.UpdateWeightsResponse(
+                success=False, message=f"load_format {request.load_format!r}: only safetensors"
+            )
         version = request.weight_version if request.HasField("weight_version") else None
         ok, message = await self.update_from_disk(request.model_path, version)
         return pb.UpdateWeightsResponse(success=ok, message=message)
@@ -160,7 +168,9 @@ class EngineService:
                 return False, f"weight_version must be an integer, got {weight_version!r}"
         async with self._update_lock:
             try:
-                model = await asyncio.to_thread(load_pretrained, model_path, dtype=self.param_dtype, compute_dtype=self.engine.dtype)
+                model = await asyncio.to_thread(
+                    load_pretrained, model_path, dtype=self.param_dtype, compute_dtype=self.engine.dtype
+                )
             except Exception as e:  # noqa: BLE001 — any load failure keeps the old weights and is reported
                 return False, f"could not load {model_path!r}: {type(e).__name__}: {e}"
             if model.config != self.engine.config:
@@ -212,7 +222,9 @@ class EngineService:
 
 async def start_server(service: EngineService, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int]:
     """Starts a grpc.aio server for `service`; returns it and the bound port (`port=0` picks a free one)."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    )
     server.add_generic_rpc_handlers((service.handler(),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
@@ -221,7 +233,9 @@ async def start_server(service: EngineService, host: str = "127.0.0.1", port: in
     return server, bound
 
 
-def start_http_admin(service: EngineService, loop: asyncio.AbstractEventLoop, host: str, port: int) -> ThreadingHTTPServer:
+def start_http_admin(
+    service: EngineService, loop: asyncio.AbstractEventLoop, host: str, port: int
+) -> ThreadingHTTPServer:
     """SGLang's HTTP weight-update endpoint, `POST /update_weights_from_disk`, plus `GET /health`.
 
     The body is SGLang's `UpdateWeightFromDiskReqInput` JSON (`model_path` required; `weight_version`
@@ -253,9 +267,13 @@ def start_http_admin(service: EngineService, loop: asyncio.AbstractEventLoop, ho
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 model_path = body["model_path"]
             except (ValueError, KeyError) as e:
-                return self._reply(400, {"success": False, "message": f"bad request body ({e!r}); send JSON with model_path"})
+                return self._reply(
+                    400, {"success": False, "message": f"bad request body ({e!r}); send JSON with model_path"}
+                )
             version = body.get("weight_version")
-            future = asyncio.run_coroutine_threadsafe(service.update_from_disk(model_path, None if version is None else str(version)), loop)
+            future = asyncio.run_coroutine_threadsafe(
+                service.update_from_disk(model_path, None if version is None else str(version)), loop
+            )
             ok, message = future.result()
             self._reply(200 if ok else 400, {"success": ok, "message": message})
 

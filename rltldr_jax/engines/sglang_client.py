@@ -104,9 +104,13 @@ def parse_response(response: Any, request_id: str) -> GenerationResult:
     if kind == "abort":  # abort paths may omit logprobs and version: nothing else is needed
         return GenerationResult(request_id, (), (), "abort", -1)
     if "output_token_logprobs" not in meta:
-        raise ValueError(f"request {request_id}: the server returned no output_token_logprobs (return_logprob ignored?)")
+        raise ValueError(
+            f"request {request_id}: the server returned no output_token_logprobs (return_logprob ignored?)"
+        )
     logprobs = tuple(float(x[0]) for x in meta["output_token_logprobs"])
-    if len(logprobs) != len(ids) or any(int(x[1]) != t for x, t in zip(meta["output_token_logprobs"], ids)):
+    if len(logprobs) != len(ids) or any(
+        int(x[1]) != t for x, t in zip(meta["output_token_logprobs"], ids, strict=True)
+    ):
         raise ValueError(f"request {request_id}: output_token_logprobs do not match output_ids")
     if kind not in ("stop", "length"):
         raise ValueError(f"request {request_id}: unknown finish_reason {reason!r}")
@@ -223,13 +227,17 @@ class SglangClient:
         from rltldr_jax.models.hf import save_pretrained
 
         if self.weight_dir is None:
-            raise ValueError("update_weights needs weight_dir: a directory every server can read (engine.weight_sync_dir)")
+            raise ValueError(
+                "update_weights needs weight_dir: a directory every server can read (engine.weight_sync_dir)"
+            )
         if isinstance(params, nnx.Module):
             model = params
         elif self.graphdef is not None:
             model = nnx.merge(self.graphdef, params)
         else:
-            raise ValueError("update_weights got an nnx.State but the client has no graphdef; pass graphdef= or the model")
+            raise ValueError(
+                "update_weights got an nnx.State but the client has no graphdef; pass graphdef= or the model"
+            )
         path = os.path.join(self.weight_dir, f"v{int(version):06d}")
         tmp = path + ".partial"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -275,12 +283,17 @@ class SglangClient:
             if dtype not in ours:
                 ours[dtype] = weights_fingerprint(model, dtype)
             if fingerprint != ours[dtype]:
-                differ.append(f"{address} serves other weights than the trainer's (fingerprint {fingerprint} != {ours[dtype]})")
+                differ.append(
+                    f"{address} serves other weights than the trainer's (fingerprint {fingerprint} != {ours[dtype]})"
+                )
         if not differ and (assume or not unknown):
             self._version = int(version)
             outcome = "assumed" if unknown else "verified"
-            log.info("generation servers serve the trainer's weights (version %d): %s", version,
-                     f"assumed for {unknown} (engine.assume_initial_weights)" if unknown else "fingerprints verified")  # fmt: skip
+            log.info(
+                "generation servers serve the trainer's weights (version %d): %s",
+                version,
+                f"assumed for {unknown} (engine.assume_initial_weights)" if unknown else "fingerprints verified",
+            )
             return outcome
         why = differ or [f"{a} reports no weights fingerprint (SGLang)" for a in unknown]
         log.warning("pushing the trainer's weights as version %d before the first phase: %s", version, "; ".join(why))
@@ -351,17 +364,20 @@ class SglangClient:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             if self._closing:
-                raise ClientClosedError(f"the SglangClient was closed while request {request.request_id} was in flight") from None
+                raise ClientClosedError(
+                    f"the SglangClient was closed while request {request.request_id} was in flight"
+                ) from None
             raise
 
     async def _connect(self, timeout_s: float) -> None:
         for s in self._servers:
             s.channel = grpc.aio.insecure_channel(
-                s.address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+                s.address,
+                options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
             )
             s.stub = pb.Stub(s.channel)
         healthy = await asyncio.gather(*(self._healthy(s, timeout_s, wait=True) for s in self._servers))
-        down = [s.address for s, ok in zip(self._servers, healthy) if not ok]
+        down = [s.address for s, ok in zip(self._servers, healthy, strict=True) if not ok]
         if down:
             raise NoServerError(
                 f"generation servers not reachable or unhealthy after {timeout_s:.0f} s: {down}; start them with "
@@ -397,7 +413,9 @@ class SglangClient:
             stop_token_ids=p.stop_token_ids,  # ignore_eos stays unset: in SGLang it would disable these too
             seed=seed,
         )
-        return pb.GenerateRequest(input_ids=request.prompt_ids, sampling_params=sampling, stream=False, return_logprob=True, rid=rid)
+        return pb.GenerateRequest(
+            input_ids=request.prompt_ids, sampling_params=sampling, stream=False, return_logprob=True, rid=rid
+        )
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         seed = request.params.seed if request.params.seed is not None else int(self._rng.integers(0, 2**32))
@@ -413,7 +431,9 @@ class SglangClient:
             server.outstanding += 1
             try:
                 final = None
-                async for response in server.stub.Generate(self._message(request, seed, rid), timeout=self.request_timeout_s):
+                async for response in server.stub.Generate(
+                    self._message(request, seed, rid), timeout=self.request_timeout_s
+                ):
                     final = response
                 if final is None or not final.finished:
                     raise _Unfinished(f"the stream from {server.address} ended before the request finished")
@@ -421,8 +441,12 @@ class SglangClient:
             except (grpc.aio.AioRpcError, _Unfinished) as e:
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else grpc.StatusCode.UNAVAILABLE
                 if code not in RETRYABLE:
-                    raise ValueError(f"request {request.request_id} rejected by {server.address}: {e.details()}") from None
-                errors.append(f"{server.address}: {code.name} {e.details() if isinstance(e, grpc.aio.AioRpcError) else e}")
+                    raise ValueError(
+                        f"request {request.request_id} rejected by {server.address}: {e.details()}"
+                    ) from None
+                errors.append(
+                    f"{server.address}: {code.name} {e.details() if isinstance(e, grpc.aio.AioRpcError) else e}"
+                )
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:  # make sure the old attempt stops generating
                     await self._abort(server, rid)
                 await self._mark_if_dead(server, e)
@@ -438,13 +462,16 @@ class SglangClient:
                 aborts += 1
                 tried.discard(server.address)  # the server may be fine: it was only paused
                 if aborts >= self.max_aborts:
-                    raise RuntimeError(f"request {request.request_id} was aborted by the servers {aborts} times: {errors}")
+                    raise RuntimeError(
+                        f"request {request.request_id} was aborted by the servers {aborts} times: {errors}"
+                    )
                 await asyncio.sleep(0.01)
                 continue
             if result.weight_version < submitted_version:
                 raise StaleWeightsError(
                     f"{server.address} answered request {request.request_id} with weight version "
-                    f"{result.weight_version} after version {submitted_version} was pushed: its update did not take effect"
+                    f"{result.weight_version} after version {submitted_version} was pushed: "
+                    "its update did not take effect"
                 )
             server.served += 1
             return result
@@ -465,7 +492,7 @@ class SglangClient:
         live = [s for s in self._servers if s.alive]
         if not live:
             raise NoServerError("no live generation server")
-        return dict(zip((s.address for s in live), await asyncio.gather(*(one(s) for s in live))))
+        return dict(zip((s.address for s in live), await asyncio.gather(*(one(s) for s in live)), strict=True))
 
     async def _push(self, model_path: str, version: int) -> None:
         async with self._push_lock:
@@ -474,17 +501,21 @@ class SglangClient:
                 raise NoServerError("no live generation server to push weights to")
             self._no_push.clear()
             try:
-                outcomes = await asyncio.gather(*(self._push_one(s, model_path, version) for s in live), return_exceptions=True)
+                outcomes = await asyncio.gather(
+                    *(self._push_one(s, model_path, version) for s in live), return_exceptions=True
+                )
             finally:
                 self._no_push.set()
             failed = []
-            for server, outcome in zip(live, outcomes):
+            for server, outcome in zip(live, outcomes, strict=True):
                 if isinstance(outcome, grpc.aio.AioRpcError | ConnectionError):  # unreachable: dead servers drop out
                     await self._mark_if_dead(server, outcome)
                 if isinstance(outcome, BaseException) and server.alive:
                     failed.append((server, f"{server.address}: {outcome}"))
             if len(failed) == len(live):
-                raise RuntimeError(f"weight push of {model_path} (version {version}) failed on every server: {[f for _, f in failed]}")
+                raise RuntimeError(
+                    f"weight push of {model_path} (version {version}) failed on every server: {[f for _, f in failed]}"
+                )
             for server, reason in failed:  # the others have the new weights: a server with old ones must not serve
                 server.alive = False
                 self.push_failures.append(reason)
@@ -506,11 +537,15 @@ class SglangClient:
                 )
                 if not response.success:
                     raise RuntimeError(f"update refused: {response.message}")
-                info = json.loads((await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)).json_info or "{}")
+                info = json.loads(
+                    (await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)).json_info or "{}"
+                )
                 if str(info.get("weight_version", version)) != str(version):
                     raise RuntimeError(
-                        f"the server reports weight_version {info.get('weight_version')!r} after loading version {version}: "
-                        "it ignores the gRPC weight_version field (SGLang does); use weight_update='http' with its HTTP URLs"
+                        f"the server reports weight_version {info.get('weight_version')!r} "
+                        f"after loading version {version}: "
+                        "it ignores the gRPC weight_version field (SGLang does); "
+                        "use weight_update='http' with its HTTP URLs"
                     )
             else:
                 body = {"model_path": model_path, "weight_version": str(version), "flush_cache": True}
@@ -526,7 +561,9 @@ class SglangClient:
             except grpc.aio.AioRpcError as e:
                 if attempt == 2:
                     server.alive = False
-                    log.warning("%s could not be continued after a push and is dead to this client: %s", server.address, e)
+                    log.warning(
+                        "%s could not be continued after a push and is dead to this client: %s", server.address, e
+                    )
                     error = error or e
         if error is not None:
             raise error

@@ -92,7 +92,9 @@ def generic_handler(implementations: Mapping[str, Callable[..., Any]]) -> grpc.G
         request, response = message_class(method.input_type.name), message_class(method.output_type.name)
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
-            implementations[method.name], request_deserializer=request.FromString, response_serializer=response.SerializeToString
+            implementations[method.name],
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
         )
     unknown = set(implementations) - set(handlers)
     if unknown:

@@ -187,7 +187,9 @@ def _make_apis(channel: _Channel):
             ) from None
         data = payload.encode()
         if len(data) + 1 > channel.max_frame:
-            raise ValueError(f"apis.{app}.{fn}(): arguments too large ({len(data)} bytes; the limit is {channel.max_frame})")
+            raise ValueError(
+                f"apis.{app}.{fn}(): arguments too large ({len(data)} bytes; the limit is {channel.max_frame})"
+            )
         with channel.call_lock:
             channel.send_raw(b"J", data)
             reply = channel.recv()
@@ -437,7 +439,8 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
     )
     blocked_imports = frozenset(["_posixsubprocess", "_ctypes", "ctypes"])
     protected_attrs = frozenset(["__code__", "__defaults__", "__kwdefaults__"])
-    inside = workdir.rstrip("/") + "/"
+    workdir = workdir.rstrip("/")
+    inside = workdir + "/"
     pid_str = str(pid)
 
     def hook(
@@ -451,7 +454,7 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
         _blocked_imports=blocked_imports,
         _protected=protected_attrs,
         _write_flags=write_flags,
-        _workdir=workdir.rstrip("/"),
+        _workdir=workdir,
         _inside=inside,
         _pid=pid,
         _pid_str=pid_str,
@@ -522,7 +525,9 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
                     if filename.startswith(d):
                         ok = True
                 if not ok:
-                    raise _denied(f"loading the extension module {filename!r}", "only the standard library's are available")
+                    raise _denied(
+                        f"loading the extension module {filename!r}", "only the standard library's are available"
+                    )
             return
         if event == "object.__setattr__":
             if _isinstance(args[0], _function) and args[1] in _protected:

@@ -166,7 +166,11 @@ class AppWorldServer:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(self.python), "-c", _SERVER_MAIN, "127.0.0.1", str(self.port)],
-                cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         try:

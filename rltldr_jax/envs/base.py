@@ -142,6 +142,7 @@ class TaskSource:
     def restore(self, state: Mapping[str, int]) -> None:
         if state.get("seed", self.seed) != self.seed or state.get("num_tasks", len(self.tasks)) != len(self.tasks):
             raise ValueError(
-                f"task cursor {dict(state)} was saved for a different split (seed {self.seed}, {len(self.tasks)} tasks here)"
+                f"task cursor {dict(state)} was saved for a different split "
+                f"(seed {self.seed}, {len(self.tasks)} tasks here)"
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

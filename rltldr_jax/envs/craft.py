@@ -16,10 +16,11 @@ ingredient of any gated recipe tree, so a fix is that short sub-plan before the 
 right before). The public planner (`plan`) knows only the public recipes, so its plan fails every task whose
 recipe tree gathers a gated item without its tool: those are the *hard* tasks.
 
-**Verifier and insights.** `CraftEnv.verify` replays the plan and reports the first failed requirement in the SAPI/AppWorld
-report format (`>> Failed Requirement` / `assert ...`); the rule-based insight source (`insight.source=rule`)
-turns it into the TL;DR sentence, e.g. ``Make sure that you have "torch" before gather("iron").`` The insight names
-the missing item and the action it gates — with the same tokens the plan uses for them — never the sub-plan.
+**Verifier and insights.** `CraftEnv.verify` replays the plan and reports the first failed requirement in the
+SAPI/AppWorld report format (`>> Failed Requirement` / `assert ...`); the rule-based insight source
+(`insight.source=rule`) turns it into the TL;DR sentence, e.g. ``Make sure that you have "torch" before
+gather("iron").`` The insight names the missing item and the action it gates — with the same tokens the plan uses
+for them — never the sub-plan.
 Observations only say which line failed, never why: the reason is privileged, as the paper's failed unit tests.
 
 **Splits** (`load_tasks(split)`): `train` and `eval` are the hard tasks of the training targets and of the held-out
@@ -263,8 +264,13 @@ def _closure(target: str) -> list[str]:
 def _task(target: str, inventory: Sequence[str], split: str) -> Task:
     inv = tuple(sorted(inventory))
     key = target + ":" + ",".join(inv)
-    return Task(f"{ENV}/{target}/{hashlib.blake2b(key.encode(), digest_size=5).hexdigest()}", goal_text(target, inv),
-                ENV, split, {"target": target, "inventory": list(inv)})  # fmt: skip
+    return Task(
+        f"{ENV}/{target}/{hashlib.blake2b(key.encode(), digest_size=5).hexdigest()}",
+        goal_text(target, inv),
+        ENV,
+        split,
+        {"target": target, "inventory": list(inv)},
+    )
 
 
 def generate_tasks(split: str, *, seed: int = 0, per_target: int = 24) -> list[Task]:
@@ -337,7 +343,7 @@ class CraftEnv:
         try:
             items = parse_plan(code)
         except PlanError as e:
-            self._failures = (f"line {e.line} is a gather(\"item\") or craft(\"item\") call with a known item",)
+            self._failures = (f'line {e.line} is a gather("item") or craft("item") call with a known item',)
             return StepResult(f"Error on line {e.line}: {e.why}. Nothing was done.", True)
         if not items:
             self._failures = (_FORMAT_REQUIREMENT,)
@@ -349,7 +355,7 @@ class CraftEnv:
             return StepResult(f"Line {outcome.failed_line} failed: {action(item)}. The plan stopped there.", True)
         if not outcome.inventory.get(target, 0):
             self._failures = (f'you have "{target}" at the end of the plan',)
-            return StepResult(f"All {len(items)} lines ran; \"{target}\" is not in the inventory.", True)
+            return StepResult(f'All {len(items)} lines ran; "{target}" is not in the inventory.', True)
         self._failures = ()
         return StepResult(f"All {len(items)} lines ran.", True)
 
@@ -388,19 +394,32 @@ def plan_code(items: Sequence[str]) -> str:
 CHEAP_ITEMS = tuple(i for i in ITEMS if len(plan(i)) <= 4)
 
 
-def made_up_requirements(target: str, inventory: Sequence[str], rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+def made_up_requirements(
+    target: str, inventory: Sequence[str], rng: np.random.Generator, n: int
+) -> list[tuple[str, str]]:
     """Up to `n` requirements (item, raw) for a demonstration, shaped like the hidden rules: `raw` is gathered by the
     public plan, `item` is one of `CHEAP_ITEMS` outside the target's recipe tree whose own recipe does not gather
     `raw`; no two interfere (neither recipe uses or gathers the other's items); the hidden rules' (tool, gated
     item) pairs are never drawn."""
     tree = {target, *_closure(target)}
     gathered = [i for i in dict.fromkeys(plan(target, inventory)) if i in RAW]
-    pairs = [(i, b) for b in gathered for i in CHEAP_ITEMS if i not in tree and b not in _closure(i) and HIDDEN_RULES.get(b) != i]
+    pairs = [
+        (i, b)
+        for b in gathered
+        for i in CHEAP_ITEMS
+        if i not in tree and b not in _closure(i) and HIDDEN_RULES.get(b) != i
+    ]
     picked: list[tuple[str, str]] = []
     for k in rng.permutation(len(pairs)):
         item, raw = pairs[k]
-        if all(item != i and item not in _closure(i) and i not in _closure(item) and raw not in _closure(i)
-               and b not in _closure(item) for i, b in picked):  # fmt: skip
+        if all(
+            item != i
+            and item not in _closure(i)
+            and i not in _closure(item)
+            and raw not in _closure(i)
+            and b not in _closure(item)
+            for i, b in picked
+        ):
             picked.append(pairs[k])
         if len(picked) == n:
             break
@@ -438,7 +457,9 @@ def demonstration(
     target = str(rng.choice(list(RECIPES)))
     tree = _closure(target)
     others = [i for i in ITEMS if i not in tree and i != target]
-    inventory = [i for i in tree if rng.random() < 0.3] + [str(x) for x in rng.choice(others, size=int(rng.integers(0, 3)), replace=False)]
+    inventory = [i for i in tree if rng.random() < 0.3] + [
+        str(x) for x in rng.choice(others, size=int(rng.integers(0, 3)), replace=False)
+    ]
     requirements: list[tuple[str, str]] = []
     insights: list[tuple[str, int]] = []
     statements = bool(statement_prob) and rng.random() < statement_prob
@@ -452,7 +473,7 @@ def demonstration(
         shown = [requirements[k % len(requirements)] for k in range(count)]
         rng.shuffle(shown)
         numbers = np.sort(rng.choice(np.arange(1, 9), size=count, replace=False))
-        insights = [(insight_text(requirement(i, b)), int(n)) for (i, b), n in zip(shown, numbers)]
+        insights = [(insight_text(requirement(i, b)), int(n)) for (i, b), n in zip(shown, numbers, strict=True)]
     items = plan(target, inventory, [] if statements else requirements)
     return Demonstration(_task(target, inventory, "pretrain"), tuple(insights), tuple(items), statements)
 
@@ -473,5 +494,9 @@ def uninformative_insight(insight: str, task: Task, seed: int) -> str:
 
 def world_description() -> dict[str, Any]:
     """The public rulebook and the hidden rules, for reports and notebooks."""
-    return {"raw": list(RAW), "recipes": {k: list(v) for k, v in RECIPES.items()}, "hidden_rules": dict(HIDDEN_RULES),
-            "heldout_targets": list(HELDOUT_TARGETS)}  # fmt: skip
+    return {
+        "raw": list(RAW),
+        "recipes": {k: list(v) for k, v in RECIPES.items()},
+        "hidden_rules": dict(HIDDEN_RULES),
+        "heldout_targets": list(HELDOUT_TARGETS),
+    }

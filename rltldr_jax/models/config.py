@@ -52,7 +52,9 @@ class Qwen35Config:
         if self.num_attention_heads % self.num_key_value_heads:
             problems.append(f"num_attention_heads={self.num_attention_heads} not a multiple of num_key_value_heads")
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            problems.append(f"linear_num_value_heads={self.linear_num_value_heads} not a multiple of linear_num_key_heads")
+            problems.append(
+                f"linear_num_value_heads={self.linear_num_value_heads} not a multiple of linear_num_key_heads"
+            )
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             problems.append(f"rotary dim {self.rotary_dim} must be even and <= head_dim={self.head_dim}")
         if self.hidden_act != "silu":
@@ -141,7 +143,9 @@ class Qwen35Config:
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in text.items() if k in fields and k not in ("rope_theta", "partial_rotary_factor")}
         kwargs["rope_theta"] = float(rope.get("rope_theta", text.get("rope_theta")))
-        kwargs["partial_rotary_factor"] = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
+        kwargs["partial_rotary_factor"] = float(
+            rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+        )
         kwargs["tie_word_embeddings"] = bool(tie)
         if text.get("layer_types") is not None:
             kwargs["layer_types"] = tuple(text["layer_types"])
@@ -152,7 +156,9 @@ class Qwen35Config:
         """Reads `config.json` from a checkpoint directory."""
         file = os.path.join(path, "config.json")
         if not os.path.isfile(file):
-            raise FileNotFoundError(f"no config.json in {os.fspath(path)!r}: expected an HF Qwen 3.5 checkpoint directory")
+            raise FileNotFoundError(
+                f"no config.json in {os.fspath(path)!r}: expected an HF Qwen 3.5 checkpoint directory"
+            )
         with open(file, encoding="utf-8") as f:
             return cls.from_hf_dict(json.load(f))
 

@@ -62,7 +62,7 @@ def weights_fingerprint(model: nnx.Module, dtype: Any = None) -> str:
 
         sampled = multihost_utils.process_allgather(sampled, tiled=True)
     digest = hashlib.blake2b(digest_size=16)
-    for (key, value), picked in zip(flat, sampled):
+    for (key, value), picked in zip(flat, sampled, strict=True):
         digest.update(f"{'/'.join(map(str, key))}|{tuple(value.shape)}|".encode())
         digest.update(np.ascontiguousarray(np.asarray(picked, np.float32)).tobytes())
     return digest.hexdigest()

@@ -74,7 +74,9 @@ def _prepare(
     Raises:
       ValueError: on wrong ranks, mismatched shapes, or Hv not a multiple of Hk.
     """
-    shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta)))
+    shapes = ", ".join(
+        f"{name} {tuple(x.shape)}" for name, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta), strict=True)
+    )
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or g.ndim != 3 or beta.ndim != 3:
         raise ValueError(f"expected q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv]; got {shapes}")
     batch, length, num_k_heads, k_dim = q.shape

@@ -49,7 +49,8 @@ class CheckpointError(ValueError):
 
 #: How to load weights holding NaN/inf anyway (CorruptCheckpointError messages end with it).
 ALLOW_NONFINITE_HINT = (
-    "to load it anyway: allow_nonfinite=True (--config.model.allow_nonfinite=True; --allow_nonfinite of export_hf, serve)"
+    "to load it anyway: allow_nonfinite=True "
+    "(--config.model.allow_nonfinite=True; --allow_nonfinite of export_hf, serve)"
 )
 
 
@@ -65,8 +66,9 @@ def open_safetensors(file: str) -> Iterator[Any]:
     try:
         handle = safe_open(file, framework="numpy")
     except SafetensorError as e:
-        raise CorruptCheckpointError(f"{file} is not a readable safetensors file ({e}): it is truncated or damaged; "
-                                     "download or export it again") from None  # fmt: skip
+        raise CorruptCheckpointError(
+            f"{file} is not a readable safetensors file ({e}): it is truncated or damaged; download or export it again"
+        ) from None
     with handle as f:
         yield f
 
@@ -81,8 +83,8 @@ def check_finite(value: np.ndarray, what: str) -> None:
     if not np.isfinite(np.sum(value, dtype=np.float64)):
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
         raise CorruptCheckpointError(
-            f"{what} holds {bad} NaN/inf values of {value.size}: the checkpoint is damaged or diverged; use another, or "
-            + ALLOW_NONFINITE_HINT
+            f"{what} holds {bad} NaN/inf values of {value.size}: "
+            "the checkpoint is damaged or diverged; use another, or " + ALLOW_NONFINITE_HINT
         )
 
 
@@ -114,7 +116,9 @@ def hf_names(path: Path, config: Qwen35Config) -> tuple[list[list[str]] | list[s
         p = len(config.block_pattern)
         start = sum(n for _, n in config.block_runs[:r])
         run = config.block_runs[r][1]
-        return [[f"model.layers.{b * p + start + j}.{suffix}" for j in range(run)] for b in range(config.num_blocks)], transform
+        return [
+            [f"model.layers.{b * p + start + j}.{suffix}" for j in range(run)] for b in range(config.num_blocks)
+        ], transform
     if path[0] == "lm_head":
         return ["lm_head.weight"], "linear"
     suffix, transform = _hf_suffix(path)
@@ -187,7 +191,9 @@ class _Reader(contextlib.ExitStack):
         try:
             return self._open[file].get_tensor(stored)
         except SafetensorError as e:
-            raise CorruptCheckpointError(f"{file}: tensor {stored} cannot be read ({e}); download or export it again") from None
+            raise CorruptCheckpointError(
+                f"{file}: tensor {stored} cannot be read ({e}); download or export it again"
+            ) from None
 
 
 def load_pretrained(
@@ -235,7 +241,9 @@ def load_pretrained(
             if not allow_nonfinite:
                 for n, p in parts.items():
                     check_finite(p, f"{reader.files[n][0]}: tensor {reader.files[n][1]}")
-            wrong = [f"{n}: checkpoint {p.shape} ≠ expected {expected}" for n, p in parts.items() if p.shape != expected]
+            wrong = [
+                f"{n}: checkpoint {p.shape} ≠ expected {expected}" for n, p in parts.items() if p.shape != expected
+            ]
             if wrong:
                 misshaped += wrong
                 continue

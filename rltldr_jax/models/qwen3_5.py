@@ -122,9 +122,14 @@ def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs, rows: bool 
     if rows:
         return RowLinear(din, dout, dtype, param_dtype, rngs)
     return nnx.Linear(
-        din, dout, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-        kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
-    )  # fmt: skip
+        din,
+        dout,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+    )
 
 
 class RMSNorm(nnx.Module):
@@ -194,7 +199,9 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 def check_attention_impl(impl: str) -> str:
     """`impl` if it names an attention implementation, else a ValueError that lists them."""
     if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention_impl={impl!r} is not an attention implementation; choose one of {', '.join(ATTENTION_IMPLS)}")
+        raise ValueError(
+            f"attention_impl={impl!r} is not an attention implementation; choose one of {', '.join(ATTENTION_IMPLS)}"
+        )
     return impl
 
 
@@ -240,7 +247,9 @@ def resolve_attention_impl(impl: str, dtype, head_dim: int) -> str:
     return impl
 
 
-def causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_QUERY_CHUNK) -> Array:
+def causal_attention(
+    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_QUERY_CHUNK
+) -> Array:
     """Grouped-query attention where query i sees key j iff k_pos[j] <= q_pos[i].
 
     Args:
@@ -276,9 +285,14 @@ def causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, c
 
 
 def blocked_causal_attention(
-    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_BLOCK,
+    q: Array,
+    k: Array,
+    v: Array,
+    q_pos: Array,
+    k_pos: Array,
+    chunk: int = ATTENTION_BLOCK,
     key_block: int = ATTENTION_BLOCK,
-) -> Array:  # fmt: skip
+) -> Array:
     """`causal_attention` that skips the key blocks no query of a chunk can see (flash-attention style).
 
     Queries go in chunks of `chunk`, keys in blocks of `key_block`. For each query chunk a scan over the key blocks
@@ -307,11 +321,30 @@ def blocked_causal_attention(
     scale = d**-0.5
     lowest = jnp.finfo(jnp.float32).min
     # Padded queries see nothing (lowest position), padded keys are seen by nothing (highest position).
-    qp = jnp.pad(q, ((0, 0), (0, n * chunk - t), (0, 0), (0, 0))).reshape(b, n, chunk, kv, g, d).transpose(1, 0, 3, 4, 2, 5)
-    pp = jnp.pad(q_pos, ((0, 0), (0, n * chunk - t)), constant_values=jnp.iinfo(jnp.int32).min).reshape(b, n, chunk).swapaxes(0, 1)
-    blocks = lambda x: jnp.pad(x, ((0, 0), (0, m * key_block - s), (0, 0), (0, 0))).reshape(b, m, key_block, kv, d).transpose(1, 0, 3, 2, 4)  # noqa: E731
+    qp = (
+        jnp.pad(q, ((0, 0), (0, n * chunk - t), (0, 0), (0, 0)))
+        .reshape(b, n, chunk, kv, g, d)
+        .transpose(1, 0, 3, 4, 2, 5)
+    )
+    pp = (
+        jnp.pad(q_pos, ((0, 0), (0, n * chunk - t)), constant_values=jnp.iinfo(jnp.int32).min)
+        .reshape(b, n, chunk)
+        .swapaxes(0, 1)
+    )
+
+    def blocks(x):
+        return (
+            jnp.pad(x, ((0, 0), (0, m * key_block - s), (0, 0), (0, 0)))
+            .reshape(b, m, key_block, kv, d)
+            .transpose(1, 0, 3, 2, 4)
+        )
+
     kb, vb = blocks(k), blocks(v)  # [m, B, KV, key_block, D]
-    kp = jnp.pad(k_pos, ((0, 0), (0, m * key_block - s)), constant_values=jnp.iinfo(jnp.int32).max).reshape(b, m, key_block).swapaxes(0, 1)
+    kp = (
+        jnp.pad(k_pos, ((0, 0), (0, m * key_block - s)), constant_values=jnp.iinfo(jnp.int32).max)
+        .reshape(b, m, key_block)
+        .swapaxes(0, 1)
+    )
     first_key = kp.min(axis=2)  # [m, B]
 
     def one_chunk(xs):
@@ -342,7 +375,9 @@ def blocked_causal_attention(
     return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, n * chunk, h, d)[:, :t]
 
 
-def cudnn_causal_attention(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, in_order: bool = False) -> Array:
+def cudnn_causal_attention(
+    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, in_order: bool = False
+) -> Array:
     """`causal_attention` by cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`).
 
     Args:
@@ -444,13 +479,19 @@ class GatedDeltaNet(nnx.Module):
         self.conv_weight = nnx.Param(
             jax.random.uniform(rngs.params(), (kernel, c.conv_dim), param_dtype, -bound, bound)
         )  # [K, conv_dim]; HF conv1d.weight [conv_dim, 1, K]
-        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (c.linear_num_value_heads,), jnp.float32, 0.01, 16.0)).astype(param_dtype))
+        self.A_log = nnx.Param(
+            jnp.log(jax.random.uniform(rngs.params(), (c.linear_num_value_heads,), jnp.float32, 0.01, 16.0)).astype(
+                param_dtype
+            )
+        )
         self.dt_bias = nnx.Param(jnp.ones((c.linear_num_value_heads,), param_dtype))
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps, param_dtype)
         self.out_proj = _linear(c.linear_value_dim, c.hidden_size, dtype, param_dtype, rngs, rows)
         self.dtype = dtype
 
-    def __call__(self, x: Array, cache: DeltaNetCache | None, valid: Array | None) -> tuple[Array, DeltaNetCache | None]:
+    def __call__(
+        self, x: Array, cache: DeltaNetCache | None, valid: Array | None
+    ) -> tuple[Array, DeltaNetCache | None]:
         """x: [B, T, d]. valid: [B, T] bool (right padding) or None; padded tokens leave the state unchanged."""
         c = self.config
         b, t, _ = x.shape
@@ -495,9 +536,15 @@ class DecoderLayer(nnx.Module):
     """Pre-norm residual layer: h = x + mixer(norm(x)); y = h + mlp(norm(h))."""
 
     def __init__(
-        self, config: Qwen35Config, kind: str, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False,
+        self,
+        config: Qwen35Config,
+        kind: str,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+        rows: bool = False,
         attention_impl: str = "auto",
-    ):  # fmt: skip
+    ):
         self.kind = kind
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
@@ -545,9 +592,16 @@ class Block(nnx.Module):
 
     def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
         self.runs = nnx.List(
-            [stacked(lambda kind=kind: DecoderLayer(config, kind, dtype, param_dtype, rngs, attention_impl=attention_impl), n)
-             for kind, n in config.block_runs]
-        )  # fmt: skip
+            [
+                stacked(
+                    lambda kind=kind: DecoderLayer(
+                        config, kind, dtype, param_dtype, rngs, attention_impl=attention_impl
+                    ),
+                    n,
+                )
+                for kind, n in config.block_runs
+            ]
+        )
 
     def __call__(self, x, positions, caches, lengths, valid, remat: bool = False):
         """Scans each run's layers in order; returns (x, per-run caches)."""
@@ -556,7 +610,7 @@ class Block(nnx.Module):
             return layer(h, positions, cache, lengths, valid)
 
         new_caches = []
-        for run, cache in zip(self.runs, caches):
+        for run, cache in zip(self.runs, caches, strict=True):
             x, cache = scan_stacked(run, layer_fn, x, cache, remat=remat)
             new_caches.append(cache)
         return x, tuple(new_caches)
@@ -572,9 +626,16 @@ class UnrolledBlock(nnx.Module):
 
     def __init__(self, config: Qwen35Config, dtype, param_dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
         self.runs = nnx.List(
-            [nnx.List([DecoderLayer(config, kind, dtype, param_dtype, rngs, rows=True, attention_impl=attention_impl) for _ in range(n)])
-             for kind, n in config.block_runs]
-        )  # fmt: skip
+            [
+                nnx.List(
+                    [
+                        DecoderLayer(config, kind, dtype, param_dtype, rngs, rows=True, attention_impl=attention_impl)
+                        for _ in range(n)
+                    ]
+                )
+                for kind, n in config.block_runs
+            ]
+        )
 
 
 class Qwen35(nnx.Module):
@@ -595,20 +656,33 @@ class Qwen35(nnx.Module):
     """
 
     def __init__(
-        self, config: Qwen35Config, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
-        unrolled: bool = False, attention_impl: str = "auto", rngs: nnx.Rngs,
-    ):  # fmt: skip
+        self,
+        config: Qwen35Config,
+        *,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        remat: bool = False,
+        unrolled: bool = False,
+        attention_impl: str = "auto",
+        rngs: nnx.Rngs,
+    ):
         self.config = config
         self.attention_impl = check_attention_impl(attention_impl)
         self.dtype = dtype
         self.remat = remat
         self.unrolled = unrolled
         self.embed_tokens = nnx.Embed(
-            config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
-            embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
-        )  # fmt: skip
+            config.vocab_size,
+            config.hidden_size,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            embedding_init=nnx.initializers.normal(0.02),
+            rngs=rngs,
+        )
         if unrolled:
-            self.blocks = nnx.List([UnrolledBlock(config, dtype, param_dtype, rngs, attention_impl) for _ in range(config.num_blocks)])
+            self.blocks = nnx.List(
+                [UnrolledBlock(config, dtype, param_dtype, rngs, attention_impl) for _ in range(config.num_blocks)]
+            )
         else:
             self.blocks = stacked(lambda: Block(config, dtype, param_dtype, rngs, attention_impl), config.num_blocks)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
@@ -620,7 +694,12 @@ class Qwen35(nnx.Module):
     # -- trunk ------------------------------------------------------------------------------------------
 
     def hidden_states(
-        self, ids: Array, *, positions: Array | None = None, state: DecodeState | None = None, valid: Array | None = None
+        self,
+        ids: Array,
+        *,
+        positions: Array | None = None,
+        state: DecodeState | None = None,
+        valid: Array | None = None,
     ) -> tuple[Array, DecodeState | None]:
         """Final-norm hidden states [B, T, d] and, with a decode state, the updated state.
 
@@ -647,6 +726,7 @@ class Qwen35(nnx.Module):
         def block_fn(block, h, caches):
             h, caches = block(h, positions, caches, lengths, valid, remat=self.remat)
             return sharding.constrain(h, act), caches
+
         caches = state.layers if state is not None else tuple(None for _ in self.config.block_runs)
         if self.unrolled:
             x, new_caches = self._unrolled_layers(x, positions, caches, lengths, valid)
@@ -664,10 +744,10 @@ class Qwen35(nnx.Module):
         for b, block in enumerate(self.blocks):
             for r, run in enumerate(block.runs):
                 for j, layer in enumerate(run):
-                    cache = None if caches[r] is None else jax.tree.map(lambda c: c[b, j], caches[r])
+                    cache = None if caches[r] is None else jax.tree.map(lambda c, b=b, j=j: c[b, j], caches[r])
                     x, cache = layer(x, positions, cache, lengths, valid)
                     if cache is not None:
-                        caches[r] = jax.tree.map(lambda c, new: c.at[b, j].set(new), caches[r], cache)
+                        caches[r] = jax.tree.map(lambda c, new, b=b, j=j: c.at[b, j].set(new), caches[r], cache)
                     x = sharding.constrain(x, ("batch", "length", "act_embed"))
         return x, tuple(caches)
 
@@ -686,7 +766,14 @@ class Qwen35(nnx.Module):
         w = self._head_kernel().astype(self.dtype)
         return jnp.einsum("btd,dv->btv", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
 
-    def __call__(self, ids: Array, *, positions: Array | None = None, state: DecodeState | None = None, valid: Array | None = None):
+    def __call__(
+        self,
+        ids: Array,
+        *,
+        positions: Array | None = None,
+        state: DecodeState | None = None,
+        valid: Array | None = None,
+    ):
         """Logits [B, T, V] (float32); with a decode state, (logits, new_state)."""
         h, new_state = self.hidden_states(ids, positions=positions, state=state, valid=valid)
         return self.logits(h) if state is None else (self.logits(h), new_state)
@@ -712,7 +799,11 @@ class Qwen35(nnx.Module):
         pad = n * chunk - t
         hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
         tp = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-        need = jnp.ones((n,), bool) if needed is None else jnp.pad(needed, ((0, 0), (0, pad))).reshape(b, n, chunk).any(axis=(0, 2))
+        need = (
+            jnp.ones((n,), bool)
+            if needed is None
+            else jnp.pad(needed, ((0, 0), (0, pad))).reshape(b, n, chunk).any(axis=(0, 2))
+        )
 
         def compute(hc, tc):
             logits = self.logits(hc)  # [B, c, V] fp32
@@ -767,8 +858,16 @@ def unroll(model: Qwen35) -> Qwen35:
     if model.unrolled:
         return model
     graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=True,
-                                      attention_impl=model.attention_impl, rngs=nnx.Rngs(0)))  # fmt: skip
+        nnx.eval_shape(
+            lambda: Qwen35(
+                model.config,
+                dtype=model.dtype,
+                remat=model.remat,
+                unrolled=True,
+                attention_impl=model.attention_impl,
+                rngs=nnx.Rngs(0),
+            )
+        )
     )
     return nnx.merge(graphdef, unroll_state(nnx.state(model)))
 
@@ -778,13 +877,21 @@ def with_attention_impl(model: Qwen35, impl: str) -> Qwen35:
     reference "xla" for a model that `load_pretrained` built with "auto"."""
     check_attention_impl(impl)
     abstract = nnx.eval_shape(
-        lambda: Qwen35(model.config, dtype=model.dtype, remat=model.remat, unrolled=model.unrolled, attention_impl=impl,
-                       rngs=nnx.Rngs(0))
-    )  # fmt: skip
+        lambda: Qwen35(
+            model.config,
+            dtype=model.dtype,
+            remat=model.remat,
+            unrolled=model.unrolled,
+            attention_impl=impl,
+            rngs=nnx.Rngs(0),
+        )
+    )
     return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
 
 
-def sequence_logprobs(model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None) -> tuple[Array, Array]:
+def sequence_logprobs(
+    model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None
+) -> tuple[Array, Array]:
     """Teacher-forced log π(ids[t] | ids[:t]) for every position (0 at t = 0), and the entropy there.
 
     Aligned with `tokenization.Context` masks: `logprobs[b, t]` is the logprob of token t.
@@ -813,8 +920,14 @@ class ModelSpec:
     attention_impl: str = "auto"
 
     def build(self, seed: int = 0) -> Qwen35:
-        return Qwen35(self.config, dtype=self.dtype, param_dtype=self.param_dtype, remat=self.remat,
-                      attention_impl=self.attention_impl, rngs=nnx.Rngs(seed))  # fmt: skip
+        return Qwen35(
+            self.config,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            remat=self.remat,
+            attention_impl=self.attention_impl,
+            rngs=nnx.Rngs(seed),
+        )
 
     def abstract(self) -> Qwen35:
         """The model with ShapeDtypeStruct leaves: no memory, for AOT compilation and sharded loading."""

@@ -30,8 +30,13 @@ from rltldr_jax.train.setup import env_maker, policy_tokenizer
 
 
 def base_checks(
-    config: ml_collections.ConfigDict, *, iid_samples: int = 64, max_k: int = 8, num_tasks: int = 48,
-    easy_split: str = "train_easy", progress: bool = False,
+    config: ml_collections.ConfigDict,
+    *,
+    iid_samples: int = 64,
+    max_k: int = 8,
+    num_tasks: int = 48,
+    easy_split: str = "train_easy",
+    progress: bool = False,
 ) -> tuple[dict[str, float], dict[str, CurveResult]]:
     """Measures the frozen policy of `config.model.checkpoint` (see the module docstring).
 
@@ -57,22 +62,52 @@ def base_checks(
     try:
         writer = InsightWriter.from_config(config, tokenizer, engine)
         tasks = curve_tasks(config, num_tasks=num_tasks)
-        iid = insight_curves(engine, builder, config, tasks=tasks, make_env=make_env, writer=writer, modes="iid",
-                             max_k=iid_samples, progress=progress)["iid"]  # fmt: skip
-        curves = insight_curves(engine, builder, config, tasks=tasks, make_env=make_env, writer=writer,
-                                modes="latest,sequential", max_k=max_k, progress=progress)  # fmt: skip
+        iid = insight_curves(
+            engine,
+            builder,
+            config,
+            tasks=tasks,
+            make_env=make_env,
+            writer=writer,
+            modes="iid",
+            max_k=iid_samples,
+            progress=progress,
+        )["iid"]
+        curves = insight_curves(
+            engine,
+            builder,
+            config,
+            tasks=tasks,
+            make_env=make_env,
+            writer=writer,
+            modes="latest,sequential",
+            max_k=max_k,
+            progress=progress,
+        )
         curves = {"iid": _truncated(iid, max_k), **curves}
-        checks |= {"iid_pass@1": float(iid.pass_at_k[0]), f"iid_pass@{max_k}": float(iid.pass_at_k[max_k - 1]),
-                   f"iid_pass@{iid_samples}": float(iid.pass_at_k[-1])}  # fmt: skip
+        checks |= {
+            "iid_pass@1": float(iid.pass_at_k[0]),
+            f"iid_pass@{max_k}": float(iid.pass_at_k[max_k - 1]),
+            f"iid_pass@{iid_samples}": float(iid.pass_at_k[-1]),
+        }
         for mode in ("latest", "sequential"):
             checks[f"{mode}_pass@{max_k}"] = float(curves[mode].pass_at_k[-1])
         records = attempt_records(curves["sequential"].phase)
         with_insight = [r.success for r in records if r.had_insights]
-        checks["sequential_pass@1_insight"] = float(sum(with_insight) / len(with_insight)) if with_insight else float("nan")
+        checks["sequential_pass@1_insight"] = (
+            float(sum(with_insight) / len(with_insight)) if with_insight else float("nan")
+        )
         checks["insight_advantage"] = insight_advantage(records)
         held_out, _ = evaluate(engine, builder, config, make_env=make_env, tag=0)
-        held_in, _ = evaluate(engine, builder, config, make_env=make_env, tag=0, tasks=eval_tasks(config, on_train_split=True),
-                              prefix="eval_train")  # fmt: skip
+        held_in, _ = evaluate(
+            engine,
+            builder,
+            config,
+            make_env=make_env,
+            tag=0,
+            tasks=eval_tasks(config, on_train_split=True),
+            prefix="eval_train",
+        )
         checks["heldout_pass@1"] = held_out["eval/pass@1/all"]
         checks["heldin_pass@1"] = held_in["eval_train/pass@1/all"]
         if easy_split:

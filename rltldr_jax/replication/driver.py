@@ -44,7 +44,9 @@ def _pct(x: float) -> str:
 
 def _at_k(checks: Mapping[str, float], prefix: str) -> tuple[int, float]:
     """(k, value) of the largest k among `checks[f"{prefix}@k"]`."""
-    k = max(int(key.rsplit("@", 1)[1]) for key in checks if key.startswith(prefix + "@") and key.rsplit("@", 1)[1].isdigit())
+    k = max(
+        int(key.rsplit("@", 1)[1]) for key in checks if key.startswith(prefix + "@") and key.rsplit("@", 1)[1].isdigit()
+    )
     return k, checks[f"{prefix}@{k}"]
 
 
@@ -71,7 +73,9 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _in_child(fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool) -> Any:
+def _in_child(
+    fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool
+) -> Any:
     import jax
 
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
@@ -120,8 +124,12 @@ def seed_checks(
     c.workdir = out
     checks, curves = base_checks(c, progress=progress, max_k=config.rollout.group_size, **sizes)
     write_curves(curves, out)
-    saved = {"checks": checks, "curves": {m: [float(x) for x in r.pass_at_k] for m, r in curves.items()},
-             "n_tasks": {m: r.n_tasks for m, r in curves.items()}, "checkpoint": config.model.checkpoint}  # fmt: skip
+    saved = {
+        "checks": checks,
+        "curves": {m: [float(x) for x in r.pass_at_k] for m, r in curves.items()},
+        "n_tasks": {m: r.n_tasks for m, r in curves.items()},
+        "checkpoint": config.model.checkpoint,
+    }
     os.makedirs(out, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(saved, f, indent=1)
@@ -172,10 +180,14 @@ def run_replication(
                 configs[k].model.checkpoint = found[key]
         pretrained = configs[keys[0]]
         others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
-        echo(f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
-             + (f"; arms with other pretraining settings: {', '.join(others)}" if others else ""))
+        echo(
+            f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
+            + (f"; arms with other pretraining settings: {', '.join(others)}" if others else "")
+        )
         t = time.time()
-        found, seed_curves = isolated(seed_checks, pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {}))
+        found, seed_curves = isolated(
+            seed_checks, pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {})
+        )
         base[seed], curves[seed] = found, seed_curves
         echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(found)}")
     runs = plan_runs(configs, out)
@@ -202,8 +214,10 @@ def run_replication(
             summaries.append(summary)
             note = f" (= {run.shared_with})" if run.shared_with else ""
             echo(
-                f"{run.arm}{note} seed {run.seed}: no-insight Pass@1 train {_pct(summary['train_pass1_no_insight'])} %, "
-                f"held-out {_pct(summary['heldout_pass1_no_insight'])} % | with insights {_pct(summary['train_pass1_insight'])} % | "
+                f"{run.arm}{note} seed {run.seed}: "
+                f"no-insight Pass@1 train {_pct(summary['train_pass1_no_insight'])} %, "
+                f"held-out {_pct(summary['heldout_pass1_no_insight'])} % | "
+                f"with insights {_pct(summary['train_pass1_insight'])} % | "
                 f"{summary['env_steps']:,} env steps | {(time.time() - t) / 60:.1f} min"
             )
             if bar is not None:
@@ -216,5 +230,8 @@ def run_replication(
     paths.append(plot_curves(mean_curves(curves, n_tasks), os.path.join(out, "insight_curves.png")))
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): " + "; ".join(failed.values()))
+        raise RuntimeError(
+            f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): "
+            + "; ".join(failed.values())
+        )
     return paths

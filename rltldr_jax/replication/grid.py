@@ -99,8 +99,11 @@ def plan_runs(
             if arm in online:
                 continue
             if rollouts_of not in workdirs:
-                raise ValueError(f"arm {arm!r} trains on the rollouts of arm {rollouts_of!r}, which is not in the grid for seed {seed}: "
-                                 f"add {rollouts_of!r} to --arms")  # fmt: skip
+                raise ValueError(
+                    f"arm {arm!r} trains on the rollouts of arm {rollouts_of!r}, "
+                    f"which is not in the grid for seed {seed}: "
+                    f"add {rollouts_of!r} to --arms"
+                )
             config = copy.deepcopy(configs[(arm, seed)])
             config.workdir = os.path.abspath(os.path.join(out, "runs", f"{arm}-s{seed}"))
             config.sft.rollouts_dir = workdirs[rollouts_of]
@@ -167,7 +170,9 @@ def run_one(run: Run, *, progress: bool = False) -> dict[str, Any]:
     if done is not None:
         return {**done, "arm": run.arm, "seed": run.seed}
     if run.shared_with:
-        raise RuntimeError(f"run {run.arm}-s{run.seed} shares {run.shared_with}'s run, which has not finished: run it first")
+        raise RuntimeError(
+            f"run {run.arm}-s{run.seed} shares {run.shared_with}'s run, which has not finished: run it first"
+        )
     t0 = time.time()
     if run.offline:
         from rltldr_jax.train.sft import run_sft

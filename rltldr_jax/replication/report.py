@@ -17,16 +17,36 @@ import numpy as np
 from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
 from rltldr_jax.replication.grid import read_metrics
 
-COLUMNS = ("arm", "seed", "train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight", "env_steps",
-           "walltime_s", "lam", "workdir")  # fmt: skip
+COLUMNS = (
+    "arm",
+    "seed",
+    "train_pass1_no_insight",
+    "heldout_pass1_no_insight",
+    "train_pass1_insight",
+    "env_steps",
+    "walltime_s",
+    "lam",
+    "workdir",
+)
 
 #: Reference numbers: (train, eval) no-insight Pass@1 in %. The paper: Table 2 (642-task SAPI split, Qwen 3.5 9B;
 #: GRPO from §4.2, "stays at 0-1 %"). The toy: a third-party replication (avikds, a 0.12M-parameter transformer in a
 #: hidden-rule crafting world, one seed, held-out targets as eval).
-PAPER = {"grpo": "0-1 / 0-1", "lambda_0.5": "21.5 / 18.9", "lambda_0": "6.1 / 13.2", "lambda_0.01": "9.3 / 14.0",
-         "sft_only": "20.0 / 17.0", "sftldr": "17.8 / 16.8"}  # fmt: skip
-TOY = {"grpo": "0.0 / 0.0", "lambda_0": "64.0 / 51.0", "lambda_0.03": "73.2 / 53.8", "lambda_0.5": "0.0 / 1.0",
-       "sftldr": "0.0 / 0.0"}  # fmt: skip
+PAPER = {
+    "grpo": "0-1 / 0-1",
+    "lambda_0.5": "21.5 / 18.9",
+    "lambda_0": "6.1 / 13.2",
+    "lambda_0.01": "9.3 / 14.0",
+    "sft_only": "20.0 / 17.0",
+    "sftldr": "17.8 / 16.8",
+}
+TOY = {
+    "grpo": "0.0 / 0.0",
+    "lambda_0": "64.0 / 51.0",
+    "lambda_0.03": "73.2 / 53.8",
+    "lambda_0.5": "0.0 / 1.0",
+    "sftldr": "0.0 / 0.0",
+}
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, int]:
@@ -50,22 +70,33 @@ def arm_order(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
 def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]]) -> str:
     """The markdown table: per arm, mean ± std over seeds (Pass@1 in %), with the paper's and the toy's numbers."""
     lines = [
-        "| arm | seeds | train no-insight Pass@1 | held-out no-insight Pass@1 | train Pass@1 with insights | env steps | "
+        "| arm | seeds | train no-insight Pass@1 | held-out no-insight Pass@1 | train Pass@1 with insights "
+        "| env steps | "
         "minutes | paper (train / eval) | toy (train / held-out) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     if base:
-        tr, ho = _stats([b["heldin_pass@1"] for b in base.values()]), _stats([b["heldout_pass@1"] for b in base.values()])
+        tr, ho = (
+            _stats([b["heldin_pass@1"] for b in base.values()]),
+            _stats([b["heldout_pass@1"] for b in base.values()]),
+        )
         ins = _stats([b["sequential_pass@1_insight"] for b in base.values()])
-        lines.append(f"| base policy (step 0) | {tr[2]} | {_pct(*tr)} | {_pct(*ho)} | {_pct(*ins)} | 0 | | 4 / 4 (base) | |")
+        lines.append(
+            f"| base policy (step 0) | {tr[2]} | {_pct(*tr)} | {_pct(*ho)} | {_pct(*ins)} | 0 | | 4 / 4 (base) | |"
+        )
     for arm in arm_order(summaries):
         rows = [s for s in summaries if s["arm"] == arm]
-        cols = [_stats([r[k] for r in rows]) for k in ("train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight")]
+        cols = [
+            _stats([r[k] for r in rows])
+            for k in ("train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight")
+        ]
         steps = int(np.mean([r["env_steps"] for r in rows]))
         minutes = np.mean([r["walltime_s"] for r in rows]) / 60
         same = f"lambda_{rows[0]['lam']:g}" if arm == "rltldr" else arm  # rltldr is the λ arm it equals
-        lines.append(f"| {arm} | {len(rows)} | {' | '.join(_pct(*c) for c in cols)} | {steps:,} | {minutes:.1f} | "
-                     f"{PAPER.get(same, '')} | {TOY.get(same, '')} |")  # fmt: skip
+        lines.append(
+            f"| {arm} | {len(rows)} | {' | '.join(_pct(*c) for c in cols)} | {steps:,} | {minutes:.1f} | "
+            f"{PAPER.get(same, '')} | {TOY.get(same, '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -79,12 +110,16 @@ def base_table(base: Mapping[int, Mapping[str, float]]) -> str:
         cells = []
         for b in base.values():
             v = b.get(k, math.nan)
-            cells.append("n/a" if not math.isfinite(v) else (f"{v:+.3f}" if k == "insight_advantage" else f"{100 * v:.1f}"))
+            cells.append(
+                "n/a" if not math.isfinite(v) else (f"{v:+.3f}" if k == "insight_advantage" else f"{100 * v:.1f}")
+            )
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def curve_points(summary: Mapping[str, Any], base: Mapping[str, float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def curve_points(
+    summary: Mapping[str, Any], base: Mapping[str, float] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(env steps, held-in Pass@1, held-out Pass@1) of a run's evaluations, the base policy's at step 0 first."""
     steps, held_in, held_out = [], [], []
     if base:
@@ -111,12 +146,12 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
         points = [curve_points(r, base.get(r["seed"])) for r in rows]
         n = min(len(p[0]) for p in points)
         steps = points[0][0][:n]
-        for ax, which in zip(axes, (1, 2)):
+        for ax, which in zip(axes, (1, 2), strict=True):
             ys = np.stack([p[which][:n] for p in points]) * 100
             mean, std = ys.mean(0), ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(n)
             (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{arm} (n={len(rows)})")
             ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15)
-    for ax, title in zip(axes, ("training tasks (held-in)", "held-out targets")):
+    for ax, title in zip(axes, ("training tasks (held-in)", "held-out targets"), strict=True):
         ax.set_xlabel("environment steps")
         ax.set_ylabel("no-insight Pass@1 (%)")
         ax.set_ylim(-2, 100)
@@ -127,10 +162,17 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
 
 
 def write_results(
-    summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]], out: str, *, title: str = "", notes: str = ""
+    summaries: Sequence[Mapping[str, Any]],
+    base: Mapping[int, Mapping[str, float]],
+    out: str,
+    *,
+    title: str = "",
+    notes: str = "",
 ) -> list[str]:
     """results.csv, results.md and curves.png in `out`; returns their paths."""
-    rows = [[os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] for s in summaries]  # (workdir relative to out)
+    rows = [
+        [os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] for s in summaries
+    ]  # (workdir relative to out)
     paths = [write_csv(os.path.join(out, "results.csv"), COLUMNS, rows)]
     md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
     if base:

@@ -34,8 +34,8 @@ import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
-from rltldr_jax.envs.base import Task
 from rltldr_jax.agent.insight import WriterOutput
+from rltldr_jax.envs.base import Task
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 from rltldr_jax.train.step import TrainBatch
@@ -65,7 +65,12 @@ class Example:
 
 
 def attempt_examples(
-    attempt: Attempt, advantage: float, builder: ContextBuilder, *, train_actions: bool = True, with_insights: bool = True,
+    attempt: Attempt,
+    advantage: float,
+    builder: ContextBuilder,
+    *,
+    train_actions: bool = True,
+    with_insights: bool = True,
     detach_ratio: bool = False,
 ) -> list[Example]:
     """The examples of one attempt (one per step).
@@ -85,20 +90,39 @@ def attempt_examples(
         old = np.zeros(len(ctx), np.float32)
         old[ctx.prompt_length :] = step.logprobs
         action = ctx.action_mask if train_actions else np.zeros(len(ctx), bool)
-        out.append(Example(ctx.ids, old, action, ctx.insight_mask, float(advantage), attempt.task.task_id, attempt.index, k,
-                           detach_ratio=detach_ratio))  # fmt: skip
+        out.append(
+            Example(
+                ctx.ids,
+                old,
+                action,
+                ctx.insight_mask,
+                float(advantage),
+                attempt.task.task_id,
+                attempt.index,
+                k,
+                detach_ratio=detach_ratio,
+            )
+        )
     return out
 
 
-def insight_prefix_example(task: Task, insights: Sequence[Insight], builder: ContextBuilder, attempt: int = 0) -> Example:
+def insight_prefix_example(
+    task: Task, insights: Sequence[Insight], builder: ContextBuilder, attempt: int = 0
+) -> Example:
     """The task and insights alone, SFT mask on the insights: π(f_1..f_I | task) without a rollout."""
     ctx = builder.build(task_text(task), insights)
     n = len(ctx)
-    return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, attempt, -1)
+    return Example(
+        ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), ctx.insight_mask, 0.0, task.task_id, attempt, -1
+    )
 
 
 def writer_examples(
-    attempts: Sequence[Attempt], writer_outputs: Sequence[tuple[str, int, WriterOutput]], builder: ContextBuilder, *, only_next_success: bool = False
+    attempts: Sequence[Attempt],
+    writer_outputs: Sequence[tuple[str, int, WriterOutput]],
+    builder: ContextBuilder,
+    *,
+    only_next_success: bool = False,
 ) -> list[Example]:
     """Insight-generator SFT examples (Table 8): the writer's prompt (task, failed rollout, report), then an answer
     that is exactly the insight; `writer_mask` on the insight tokens.
@@ -125,7 +149,19 @@ def writer_examples(
         mask = np.zeros(len(ids), bool)
         mask[len(prompt) : len(prompt) + len(target)] = True
         n = len(ids)
-        out.append(Example(ids, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), 0.0, task_id, index, -1, writer_mask=mask))
+        out.append(
+            Example(
+                ids,
+                np.zeros(n, np.float32),
+                np.zeros(n, bool),
+                np.zeros(n, bool),
+                0.0,
+                task_id,
+                index,
+                -1,
+                writer_mask=mask,
+            )
+        )
     return out
 
 
@@ -286,10 +322,17 @@ class ExampleConfig:
         """The settings of a run's `config.loss`."""
         c = config.loss
         return cls(
-            lam=c.lam, grpo_coef=c.grpo_coef, std_normalize=c.std_normalize, filter_zero_advantage=c.filter_zero_advantage,
-            positive_ratio=c.positive_ratio, split_advantages=c.split_advantages, sft_on_filtered=c.sft_on_filtered,
-            insight_rollouts=c.insight_rollouts, writer_sft_coef=c.writer_sft_coef, writer_sft_filter=c.writer_sft_filter,
-        )  # fmt: skip
+            lam=c.lam,
+            grpo_coef=c.grpo_coef,
+            std_normalize=c.std_normalize,
+            filter_zero_advantage=c.filter_zero_advantage,
+            positive_ratio=c.positive_ratio,
+            split_advantages=c.split_advantages,
+            sft_on_filtered=c.sft_on_filtered,
+            insight_rollouts=c.insight_rollouts,
+            writer_sft_coef=c.writer_sft_coef,
+            writer_sft_filter=c.writer_sft_filter,
+        )
 
     @property
     def keep_filtered_as_sft(self) -> bool:
@@ -353,7 +396,7 @@ def phase_examples(
         keep &= positive_ratio_filter(adv, config.positive_ratio, rng=seed, keep=keep)
     examples: list[Example] = []
     sft_only = 0
-    for a, advantage, kept in zip(attempts, adv, keep):
+    for a, advantage, kept in zip(attempts, adv, keep, strict=True):
         if kept:
             examples += mode.examples(a, float(advantage), builder, config)
         elif config.keep_filtered_as_sft and a.insights:
@@ -364,7 +407,12 @@ def phase_examples(
 
 
 def pack(
-    examples: Sequence[Example], *, micro_batch_size: int, grad_accum_steps: int, pad_to_multiple: int = 256, max_len: int | None = None
+    examples: Sequence[Example],
+    *,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    pad_to_multiple: int = 256,
+    max_len: int | None = None,
 ) -> list[TrainBatch]:
     """Optimizer-step batches of `grad_accum_steps` micro-batches × `micro_batch_size` rows.
 
@@ -378,7 +426,9 @@ def pack(
         chunk = list(examples[start : start + per_step])
         longest = max(len(e) for e in chunk)
         if max_len is not None and longest > max_len:
-            raise ValueError(f"an example has {longest} tokens, more than max_len={max_len}: raise it or lower rollout budgets")
+            raise ValueError(
+                f"an example has {longest} tokens, more than max_len={max_len}: raise it or lower rollout budgets"
+            )
         t = -(-longest // pad_to_multiple) * pad_to_multiple
         ids = np.zeros((per_step, t), np.int32)
         old = np.zeros((per_step, t), np.float32)
@@ -389,7 +439,13 @@ def pack(
         adv = np.zeros((per_step,), np.float32)
         for r, e in enumerate(chunk):
             n = len(e)
-            ids[r, :n], old[r, :n], action[r, :n], insight[r, :n], adv[r] = e.ids, e.old_logprobs, e.action_mask, e.insight_mask, e.advantage
+            ids[r, :n], old[r, :n], action[r, :n], insight[r, :n], adv[r] = (
+                e.ids,
+                e.old_logprobs,
+                e.action_mask,
+                e.insight_mask,
+                e.advantage,
+            )
             if e.writer_mask is not None:
                 writer[r, :n] = e.writer_mask
             detach[r] = e.detach_ratio

@@ -39,7 +39,11 @@ def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
 def eval_tasks(config: ml_collections.ConfigDict, *, on_train_split: bool = False) -> list[Task]:
     """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
     `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""
-    split, n = (config.env.train_split, config.eval.train_num_tasks) if on_train_split else (config.env.eval_split, config.eval.num_tasks)
+    split, n = (
+        (config.env.train_split, config.eval.train_num_tasks)
+        if on_train_split
+        else (config.env.eval_split, config.eval.num_tasks)
+    )
     tasks = load_tasks(config.env.name, split, seed=config.env.seed)
     if n:
         tasks = TaskSource(tasks, seed=config.seed).take(min(n, len(tasks)))
@@ -73,9 +77,16 @@ def evaluate(
     tasks = eval_tasks(config) if tasks is None else tasks
     k = config.eval.attempts_per_task
     collector = Collector(
-        engine, make_env, builder, EpisodeConfig.from_config(config), InsightSchedule("never"), None,
-        group_size=k, exact_group_size=True, progress=progress,
-    )  # fmt: skip
+        engine,
+        make_env,
+        builder,
+        EpisodeConfig.from_config(config),
+        InsightSchedule("never"),
+        None,
+        group_size=k,
+        exact_group_size=True,
+        progress=progress,
+    )
     result = collector.collect(tasks, phase=-1 - tag)
     metrics = {f"{prefix}/{name}": v for name, v in summarize(attempt_records(result), k).items()}
     return metrics, result
@@ -94,13 +105,20 @@ def policy_for_eval(config: ml_collections.ConfigDict, checkpoint: str | None) -
     dtype = getattr(jnp, config.model.dtype)
     if checkpoint is None:
         run = os.path.join(workdir_of(config), "checkpoints")
-        if os.path.isdir(run) and Checkpointer(run, keep=None, async_save=False, create=False).latest_step() is not None:
+        if (
+            os.path.isdir(run)
+            and Checkpointer(run, keep=None, async_save=False, create=False).latest_step() is not None
+        ):
             checkpoint = run
         elif config.model.checkpoint:
             checkpoint = config.model.checkpoint
     if checkpoint is not None:
-        model, what = load_model(checkpoint, compute_dtype=dtype, param_dtype=getattr(jnp, config.model.param_dtype),
-                                 allow_nonfinite=config.model.allow_nonfinite)  # fmt: skip
+        model, what = load_model(
+            checkpoint,
+            compute_dtype=dtype,
+            param_dtype=getattr(jnp, config.model.param_dtype),
+            allow_nonfinite=config.model.allow_nonfinite,
+        )
         directory, step = split_step(checkpoint)
         if step is None and not os.path.isfile(os.path.join(directory, "config.json")):
             step = Checkpointer(directory, keep=None, async_save=False, create=False).latest_step()
@@ -137,15 +155,21 @@ def evaluate_checkpoint(
     try:
         if config.engine.kind != "jax":
             engine.update_weights(model, engine.weight_version + 1)  # serve exactly the evaluated weights
-        metrics, result = evaluate(engine, builder, config, tag=step or 0, progress=sys.stderr.isatty(), make_env=env_maker(config))
+        metrics, result = evaluate(
+            engine, builder, config, tag=step or 0, progress=sys.stderr.isatty(), make_env=env_maker(config)
+        )
     finally:
         close_engine(engine)
     per_task = {tid: [a.success for a in group] for tid, group in result.groups().items()}
     report = {
-        "policy": what, "env": config.env.name, "split": config.env.eval_split,
-        "attempts_per_task": config.eval.attempts_per_task, "seconds": round(time.time() - t0, 1),
-        "metrics": metrics, "per_task": per_task,
-    }  # fmt: skip
+        "policy": what,
+        "env": config.env.name,
+        "split": config.env.eval_split,
+        "attempts_per_task": config.eval.attempts_per_task,
+        "seconds": round(time.time() - t0, 1),
+        "metrics": metrics,
+        "per_task": per_task,
+    }
     if out is None:
         tag = os.path.basename(os.path.normpath(checkpoint.replace(":", "_"))) if checkpoint else "latest"
         out = os.path.join(workdir, "eval", f"eval_{tag}.json")

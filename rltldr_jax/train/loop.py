@@ -68,10 +68,10 @@ from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import Example, ExampleConfig, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
-from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.resume import check_config_changes, claim_workdir, move_aside, rollouts_from
-from rltldr_jax.train.summary import SummaryWriter
+from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_from_config
+from rltldr_jax.train.summary import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,17 @@ class Trainer:
         model = build_policy(config)
         self.model_config = model.config
         tx = optimizer_from_config(config.optim)
-        self.update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
-                                    micro_batch_size=self.update_config.micro_batch_size)  # fmt: skip
+        self.update = ShardedUpdate(
+            MeshConfig.from_config(config),
+            model,
+            tx,
+            LossConfig.from_config(config),
+            micro_batch_size=self.update_config.micro_batch_size,
+        )
         self.rng = jax.random.key(config.seed)
-        self.tasks = TaskSource(load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed)
+        self.tasks = TaskSource(
+            load_tasks(config.env.name, config.env.train_split, seed=config.env.seed), seed=config.seed
+        )
         self._prefetch: _Prefetch | None = None  # the next phase, collected in the background (train.overlap_phases)
         self.phase = 0
         self.env_steps = 0
@@ -149,10 +156,14 @@ class Trainer:
         if resume:
             self._resume(candidates, explicit=resume_step is not None)
         policy = self.update.model()  # (every process: a collective in a multi-process job)
-        self.engine = (policy_engine(self.engine_config, policy, workdir=self.workdir, version=self.version)
-                       if is_main_process() else OnMainProcess("the policy engine"))  # fmt: skip
-        self.initial_weights = ensure_served(self.engine, policy, self.version,
-                                             assume=self.engine_config.assume_initial_weights)  # fmt: skip
+        self.engine = (
+            policy_engine(self.engine_config, policy, workdir=self.workdir, version=self.version)
+            if is_main_process()
+            else OnMainProcess("the policy engine")
+        )
+        self.initial_weights = ensure_served(
+            self.engine, policy, self.version, assume=self.engine_config.assume_initial_weights
+        )
         if config.insight.schedule == "never":
             self.teacher, teacher_tokenizer = None, None
         elif is_main_process():
@@ -165,10 +176,18 @@ class Trainer:
             writer = InsightWriter.from_config(config, self.tokenizer, self.engine, self.teacher, teacher_tokenizer)
         self.progress = progress
         self.collector = Collector(
-            self.engine, self._make_env, self.builder, EpisodeConfig.from_config(config), self.schedule, writer,
-            group_size=config.rollout.group_size, workers_per_task=config.rollout.workers_per_task,
-            insight_after=config.insight.after, exact_group_size=config.rollout.exact_group_size, progress=progress,
-        )  # fmt: skip
+            self.engine,
+            self._make_env,
+            self.builder,
+            EpisodeConfig.from_config(config),
+            self.schedule,
+            writer,
+            group_size=config.rollout.group_size,
+            workers_per_task=config.rollout.workers_per_task,
+            insight_after=config.insight.after,
+            exact_group_size=config.rollout.exact_group_size,
+            progress=progress,
+        )
         # On resume, TensorBoard discards what the stopped run logged after the restored counts.
         self.summary = SummaryWriter(os.path.join(self.workdir, "tb"), resumed_at=self._resumed_at if resume else None)
         self.metrics_log = MetricsLog(os.path.join(self.workdir, "metrics.jsonl"), keep_through_phase=self.phase)
@@ -231,7 +250,9 @@ class Trainer:
             before updating), so no more compute is spent on a run that cannot be saved.
         """
         if self._prefetch is not None:
-            raise RuntimeError("run_phase() while the next phase is being collected in the background: call it outside run()")
+            raise RuntimeError(
+                "run_phase() while the next phase is being collected in the background: call it outside run()"
+            )
         start = time.time()
         self.checkpoints.check_saved()
         tasks = self.tasks.take(self.config.rollout.tasks_per_phase)
@@ -263,7 +284,9 @@ class Trainer:
             cursor = self.tasks.state()
             tasks = self.tasks.take(n)
             try:
-                self._prefetch = _Prefetch(self.collector.start(tasks, self.phase + 1) if is_main_process() else None, cursor)
+                self._prefetch = _Prefetch(
+                    self.collector.start(tasks, self.phase + 1) if is_main_process() else None, cursor
+                )
             except BaseException:
                 self.tasks.restore(cursor)
                 raise
@@ -282,23 +305,38 @@ class Trainer:
                 prefetch.pending.cancel()
             self.tasks.restore(prefetch.cursor)
 
-    def _train_phase(self, result: PhaseResult, collect_s: float, *, start: float, prefetch: _Prefetch | None = None) -> dict[str, float]:
+    def _train_phase(
+        self, result: PhaseResult, collect_s: float, *, start: float, prefetch: _Prefetch | None = None
+    ) -> dict[str, float]:
         """The update on a collected phase, the weight push (after `prefetch`'s collection has ended: the engine
         changes weights between phases only), counters, logs and the checkpoint; returns the phase's metrics."""
         c = self.config
         if c.rollout.save_rollouts and is_main_process():
             save_phase(os.path.join(self.workdir, "rollouts", f"phase_{self.phase:05d}.jsonl"), self.phase, result)
-        examples, stats = phase_examples(result.attempts, self.builder, self.example_config,
-                                         writer_outputs=result.writer_outputs, seed=c.seed + self.phase)  # fmt: skip
-        # Trainer version - sampler version of every step: 0 in sync mode, 1 for a phase prefetched under overlap_phases.
+        examples, stats = phase_examples(
+            result.attempts,
+            self.builder,
+            self.example_config,
+            writer_outputs=result.writer_outputs,
+            seed=c.seed + self.phase,
+        )
+        # Trainer version - sampler version of every step: 0 in sync mode, 1 for a phase prefetched under
+        # overlap_phases.
         gaps = [self.version - s.weight_version for a in result.attempts for s in a.steps] or [0]
         self.checkpoints.check_saved(wait=True)
         t0 = time.time()
         # On a lagged phase the first minibatch's gap measures the previous update, not an engine mismatch; a rollout
         # mode that trains on other contexts than were sampled has no gap to check either.
         check_gap = max(gaps) <= 0 and self.example_config.rollout_mode.as_sampled
-        update = update_phase(self.update, examples, self.update_config, phase=self.phase, guard=self.nonfinite,
-                              progress=self.progress, check_gap=check_gap)  # fmt: skip
+        update = update_phase(
+            self.update,
+            examples,
+            self.update_config,
+            phase=self.phase,
+            guard=self.nonfinite,
+            progress=self.progress,
+            check_gap=check_gap,
+        )
         update_s = time.time() - t0
         wait_s = 0.0
         if prefetch is not None and prefetch.pending is not None:
@@ -317,17 +355,22 @@ class Trainer:
             **{f"rollout/{k}": v for k, v in summarize(records, c.eval.attempts_per_task).items()},
             **{f"update/{k}": v for k, v in update.items()},
             "rollout/malformed_fraction": float(np.mean([a.end == "malformed" for a in result.attempts])),
-            "rollout/weight_version_gap/mean": float(np.mean(gaps)), "rollout/weight_version_gap/max": float(max(gaps)),
+            "rollout/weight_version_gap/mean": float(np.mean(gaps)),
+            "rollout/weight_version_gap/max": float(max(gaps)),
             "insight/parse_failures": float(result.parse_failures),
             "insight/written": float(sum(j.insight is not None for _, _, j in result.writer_outputs)),
             "filter/kept_attempts": float(stats.kept_attempts),
             "filter/zero_advantage_groups": float(stats.zero_advantage_groups),
             "filter/examples": float(stats.examples),
             "filter/writer_examples": float(stats.writer_examples),
-            "time/collect_s": collect_s, "time/update_s": update_s, "time/weight_sync_s": sync_s,
-            "time/prefetch_wait_s": wait_s, "time/phase_s": time.time() - start,
-            "progress/phase": float(self.phase), "progress/tokens": float(self.tokens),
-        }  # fmt: skip
+            "time/collect_s": collect_s,
+            "time/update_s": update_s,
+            "time/weight_sync_s": sync_s,
+            "time/prefetch_wait_s": wait_s,
+            "time/phase_s": time.time() - start,
+            "progress/phase": float(self.phase),
+            "progress/tokens": float(self.tokens),
+        }
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
         self.metrics_log.write("phase", self.phase, self.env_steps, metrics)
         log.info(phase_line(self.phase, self.env_steps, metrics))
@@ -339,17 +382,33 @@ class Trainer:
         """Held-out tasks (and `eval.train_num_tasks` training tasks), `eval.attempts_per_task` attempts each, no
         insights: macro Pass@1 and Pass@K (train/evaluation.py), logged at the current environment-step count."""
         t0 = time.time()
-        metrics = from_main_process(self._evaluate_here)  # the engines live on process 0; every process gets its metrics
+        metrics = from_main_process(
+            self._evaluate_here
+        )  # the engines live on process 0; every process gets its metrics
         self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
         self.metrics_log.write("eval", self.phase, self.env_steps, metrics)
-        log.info(eval_line(self.phase, metrics, attempts_per_task=self.config.eval.attempts_per_task, seconds=time.time() - t0))
+        log.info(
+            eval_line(
+                self.phase, metrics, attempts_per_task=self.config.eval.attempts_per_task, seconds=time.time() - t0
+            )
+        )
         return metrics
 
     def _evaluate_here(self) -> dict[str, float]:
-        metrics, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress)
+        metrics, _ = evaluate(
+            self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress
+        )
         if self.config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
-            held_in, _ = evaluate(self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase,
-                                  progress=self.progress, tasks=eval_tasks(self.config, on_train_split=True), prefix="eval_train")  # fmt: skip
+            held_in, _ = evaluate(
+                self.engine,
+                self.builder,
+                self.config,
+                make_env=self._make_env,
+                tag=self.phase,
+                progress=self.progress,
+                tasks=eval_tasks(self.config, on_train_split=True),
+                prefix="eval_train",
+            )
             metrics |= held_in
         return metrics
 
@@ -357,11 +416,22 @@ class Trainer:
 
     def save(self) -> None:
         meta = {
-            "phase": self.phase, "env_steps": self.env_steps, "tokens": self.tokens, "version": self.version,
-            "walltime": time.time() - self.start_time, "task_cursor": self._task_cursor(), "config": self.config.to_dict(),
-        }  # fmt: skip
-        self.checkpoints.save(self.phase, params=self.update.params, opt_state=self.update.opt_state, rng=self.rng, meta=meta,
-                              model_config=self.model_config)  # fmt: skip
+            "phase": self.phase,
+            "env_steps": self.env_steps,
+            "tokens": self.tokens,
+            "version": self.version,
+            "walltime": time.time() - self.start_time,
+            "task_cursor": self._task_cursor(),
+            "config": self.config.to_dict(),
+        }
+        self.checkpoints.save(
+            self.phase,
+            params=self.update.params,
+            opt_state=self.update.opt_state,
+            rng=self.rng,
+            meta=meta,
+            model_config=self.model_config,
+        )
 
     def _task_cursor(self) -> dict[str, int]:
         """The cursor of the first task not trained yet: a prefetched phase's tasks count as not taken (a resumed run
@@ -382,17 +452,24 @@ class Trainer:
         restored = None
         for i, step in enumerate(candidates):
             try:
-                restored = self.checkpoints.restore(step, abstract_params=abstract_params, abstract_opt_state=abstract_opt,
-                                                    allow_nonfinite=self.config.model.allow_nonfinite)  # fmt: skip
+                restored = self.checkpoints.restore(
+                    step,
+                    abstract_params=abstract_params,
+                    abstract_opt_state=abstract_opt,
+                    allow_nonfinite=self.config.model.allow_nonfinite,
+                )
                 break
             except CorruptCheckpointError as e:
                 if explicit:
                     raise
-                nxt = f"step {candidates[i + 1]}" if i + 1 < len(candidates) else "nothing: no intact checkpoint is left"
+                nxt = (
+                    f"step {candidates[i + 1]}" if i + 1 < len(candidates) else "nothing: no intact checkpoint is left"
+                )
                 log.warning("resume: %s; falling back to %s", e, nxt)
         if candidates and restored is None:
             raise CorruptCheckpointError(
-                f"no intact checkpoint in {os.fspath(self.checkpoints.directory)!r} (steps {sorted(candidates)} are all "
+                f"no intact checkpoint in {os.fspath(self.checkpoints.directory)!r} "
+                f"(steps {sorted(candidates)} are all "
                 "damaged, see the warnings): start over with --restart (moves the run aside)"
             )
         step, walltime = -1, 0.0
@@ -400,11 +477,18 @@ class Trainer:
             step, meta = restored.step, restored.meta
             self._check_config(step, meta)
             self.update.params, self.update.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
-            self.phase, self.env_steps, self.tokens, self.version = meta["phase"], meta["env_steps"], meta["tokens"], meta["version"]
+            self.phase, self.env_steps, self.tokens, self.version = (
+                meta["phase"],
+                meta["env_steps"],
+                meta["tokens"],
+                meta["version"],
+            )
             walltime = meta.get("walltime", 0.0)
             self.start_time = time.time() - walltime  # the by_time/ axis continues
             self.tasks.restore(meta["task_cursor"])
-            log.info("resumed from checkpoint step %d: phase %d, %d environment steps", step, self.phase, self.env_steps)
+            log.info(
+                "resumed from checkpoint step %d: phase %d, %d environment steps", step, self.phase, self.env_steps
+            )
         else:
             log.warning("resume: no checkpoint in %s; starting from phase 0", os.fspath(self.checkpoints.directory))
         self._resumed_at = (self.env_steps, self.tokens, walltime)
@@ -412,7 +496,10 @@ class Trainer:
         steps = {name: name.split(".")[0] for name in sorted(os.listdir(directory))}  # "5", "5.orbax-checkpoint-tmp"
         newer = [os.path.join(directory, name) for name, s in steps.items() if s.isdigit() and int(s) > step]
         stale = newer + rollouts_from(self.workdir, self.phase)
-        if move_aside(self.workdir, stale, f"resume from phase {self.phase}: what the stopped run wrote after it") and newer:
+        if (
+            move_aside(self.workdir, stale, f"resume from phase {self.phase}: what the stopped run wrote after it")
+            and newer
+        ):
             self.checkpoints.close()  # orbax caches the step list: reopen without the moved steps
             self.checkpoints = Checkpointer(directory, keep=self.config.train.keep_checkpoints)
 
@@ -429,7 +516,6 @@ class Trainer:
                     close_engine(engine)
             finally:
                 self._lock.close()
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,9 +543,15 @@ class UpdateConfig:
     def from_config(cls, config: ml_collections.ConfigDict) -> UpdateConfig:
         """The update settings of a run's config."""
         b = config.batch
-        return cls(ppo_epochs=b.ppo_epochs, micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps,
-                   pad_to_multiple=b.pad_to_multiple, max_context_tokens=config.rollout.max_context_tokens,
-                   max_logprob_gap=config.train.max_logprob_gap, seed=config.seed)  # fmt: skip
+        return cls(
+            ppo_epochs=b.ppo_epochs,
+            micro_batch_size=b.micro_batch_size,
+            grad_accum_steps=b.grad_accum_steps,
+            pad_to_multiple=b.pad_to_multiple,
+            max_context_tokens=config.rollout.max_context_tokens,
+            max_logprob_gap=config.train.max_logprob_gap,
+            seed=config.seed,
+        )
 
 
 def update_phase(
@@ -496,14 +588,21 @@ def update_phase(
     try:
         for _ in range(config.ppo_epochs):
             shuffled = [examples[i] for i in order_rng.permutation(len(examples))]
-            batches = pack(shuffled, micro_batch_size=config.micro_batch_size, grad_accum_steps=config.grad_accum_steps,
-                           pad_to_multiple=config.pad_to_multiple, max_len=config.max_context_tokens)  # fmt: skip
+            batches = pack(
+                shuffled,
+                micro_batch_size=config.micro_batch_size,
+                grad_accum_steps=config.grad_accum_steps,
+                pad_to_multiple=config.pad_to_multiple,
+                max_len=config.max_context_tokens,
+            )
             for batch in batches:
                 metrics = {k: float(v) for k, v in update.step(batch).items()}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 if n == 0:  # before any update: the ratio is 1 up to the engine-vs-trainer mismatch
-                    first = {f"first_minibatch/{k}": metrics[k] for k in ("clip_fraction", "importance_ratio", "logprob_gap")}
+                    first = {
+                        f"first_minibatch/{k}": metrics[k] for k in ("clip_fraction", "importance_ratio", "logprob_gap")
+                    }
                 n += 1
                 if bar is not None:
                     bar.update(1)
@@ -513,4 +612,9 @@ def update_phase(
     finally:
         if bar is not None:
             bar.close()
-    return {**{k: v / n for k, v in sums.items()}, **first, "optimizer_steps": float(n), "skipped_nonfinite": sums["skipped_nonfinite"]}
+    return {
+        **{k: v / n for k, v in sums.items()},
+        **first,
+        "optimizer_steps": float(n),
+        "skipped_nonfinite": sums["skipped_nonfinite"],
+    }

@@ -95,7 +95,8 @@ SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 def shipped_dir(config: ml_collections.ConfigDict) -> str | None:
     """The shipped base policy with `config`'s pretraining key, or None (none shipped, or `pretrain.shipped` off).
     Rebuild them after a change to the world or the recipe (`python launch/pretrain.py --config=configs/replicate.py
-    --config.seed=S --config.pretrain.shipped=False --config.pretrain.cache_dir=rltldr_jax/replication/base_policies`)."""
+    --config.seed=S --config.pretrain.shipped=False
+    --config.pretrain.cache_dir=rltldr_jax/replication/base_policies`)."""
     if not config.pretrain.get("shipped", False):
         return None
     path = os.path.join(SHIPPED_DIR, os.path.basename(pretrained_dir(config)))
@@ -109,7 +110,9 @@ def find_pretrained(config: ml_collections.ConfigDict) -> str | None:
         return cached
     shipped = shipped_dir(config)
     if shipped is not None:
-        log.info("base policy: %s, shipped with the package (--config.pretrain.shipped=False pretrains it instead)", shipped)
+        log.info(
+            "base policy: %s, shipped with the package (--config.pretrain.shipped=False pretrains it instead)", shipped
+        )
     return shipped
 
 
@@ -141,7 +144,11 @@ def demonstration_example(
 def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     p = config.pretrain
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, p.learning_rate, max(1, min(p.warmup_steps, p.steps - 1)), max(p.steps, 2), end_value=p.learning_rate * 0.05
+        0.0,
+        p.learning_rate,
+        max(1, min(p.warmup_steps, p.steps - 1)),
+        max(p.steps, 2),
+        end_value=p.learning_rate * 0.05,
     )
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=p.weight_decay))
 
@@ -168,15 +175,21 @@ def pretrain(
     tokenizer = build_tokenizer(config)
     arch = get_preset(config.model.preset)
     if tokenizer.vocab_size > arch.vocab_size:
-        raise ValueError(f"pretrain.vocab_size={p.vocab_size} exceeds the vocabulary of model.preset={config.model.preset} "
-                         f"({arch.vocab_size}): lower it")  # fmt: skip
+        raise ValueError(
+            f"pretrain.vocab_size={p.vocab_size} exceeds the vocabulary of model.preset={config.model.preset} "
+            f"({arch.vocab_size}): lower it"
+        )
     builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
     spec = ModelSpec(arch, dtype=getattr(jnp, config.model.dtype), param_dtype=getattr(jnp, config.model.param_dtype))
     model = spec.build(seed=config.seed)
     mesh, loss_cfg = MeshConfig.from_config(config), LossConfig(lam=1.0, grpo_coef=0.0)
     update = ShardedUpdate(mesh, model, _optimizer(config), loss_cfg, micro_batch_size=p.batch_size)
-    draw = demonstrations(config.env.name, insight_prob=p.insight_prob, max_insights=config.insight.max_insights,
-                          statement_prob=p.statement_prob)  # fmt: skip
+    draw = demonstrations(
+        config.env.name,
+        insight_prob=p.insight_prob,
+        max_insights=config.insight.max_insights,
+        statement_prob=p.statement_prob,
+    )
     rng = np.random.default_rng([config.seed, 1])
     curve: list[tuple[int, float]] = []
     window: list[float] = []
@@ -192,11 +205,17 @@ def pretrain(
         for k in range(LENGTH_BUCKETS):
             if step == p.steps:
                 break
-            (batch,) = pack(pool[k * p.batch_size : (k + 1) * p.batch_size], micro_batch_size=p.batch_size, grad_accum_steps=1,
-                            pad_to_multiple=PAD_MULTIPLE)  # fmt: skip
+            (batch,) = pack(
+                pool[k * p.batch_size : (k + 1) * p.batch_size],
+                micro_batch_size=p.batch_size,
+                grad_accum_steps=1,
+                pad_to_multiple=PAD_MULTIPLE,
+            )
             nll = float(update.step(batch)["sft_nll"])
             if not np.isfinite(nll):
-                raise FloatingPointError(f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate")
+                raise FloatingPointError(
+                    f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate"
+                )
             window.append(nll)
             step += 1
             if bar is not None:
@@ -212,8 +231,15 @@ def pretrain(
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained(update.model(), tmp)
     tokenizer.save(tmp)
-    record = {"key": pretrain_key(config), "seconds": time.time() - t0, "nll_curve": curve, "pretrain": p.to_dict(),
-              "preset": config.model.preset, "env": config.env.name, "seed": config.seed}  # fmt: skip
+    record = {
+        "key": pretrain_key(config),
+        "seconds": time.time() - t0,
+        "nll_curve": curve,
+        "pretrain": p.to_dict(),
+        "preset": config.model.preset,
+        "env": config.env.name,
+        "seed": config.seed,
+    }
     with open(os.path.join(tmp, "pretrain.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     os.makedirs(os.path.dirname(out), exist_ok=True)

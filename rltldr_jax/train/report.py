@@ -67,11 +67,15 @@ def eval_line(phase: int, metrics: Mapping[str, float], *, attempts_per_task: in
     tasks = metrics.get("eval/counts/tasks", NAN)
     held_in = ""
     if "eval_train/pass@1/all" in metrics:  # the held-in evaluation (eval.train_num_tasks)
-        held_in = (f" | training tasks: pass@1 {fmt(metrics['eval_train/pass@1/all'])}, pass@{k} "
-                   f"{fmt(metrics.get(f'eval_train/pass@{k}/all', NAN))} ({fmt(metrics.get('eval_train/counts/tasks', NAN), '.0f')} tasks)")  # fmt: skip
+        held_in = (
+            f" | training tasks: pass@1 {fmt(metrics['eval_train/pass@1/all'])}, pass@{k} "
+            f"{fmt(metrics.get(f'eval_train/pass@{k}/all', NAN))} "
+            f"({fmt(metrics.get('eval_train/counts/tasks', NAN), '.0f')} tasks)"
+        )
     return (
         f"eval after phase {phase}: pass@1 {fmt(metrics.get('eval/pass@1/all', NAN))}, pass@{k} "
-        f"{fmt(metrics.get(f'eval/pass@{k}/all', NAN))} ({fmt(tasks, '.0f')} tasks × {k} attempts{held_in}, {seconds:.1f} s)"
+        f"{fmt(metrics.get(f'eval/pass@{k}/all', NAN))} "
+        f"({fmt(tasks, '.0f')} tasks × {k} attempts{held_in}, {seconds:.1f} s)"
     )
 
 
@@ -111,7 +115,12 @@ class MetricsLog:
         """Appends one record (`kind` "phase" or "eval") and closes the file, so a kill loses nothing written."""
         if not self.enabled:
             return
-        record = {"kind": kind, "phase": phase, "env_steps": env_steps, **{k: _json_value(v) for k, v in metrics.items()}}
+        record = {
+            "kind": kind,
+            "phase": phase,
+            "env_steps": env_steps,
+            **{k: _json_value(v) for k, v in metrics.items()},
+        }
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")
 
@@ -126,14 +135,20 @@ def run_summary(workdir: str, *, launch_dir: str, config_args: Sequence[str], ro
       rollouts: whether the run saved its rollouts (`rollout.save_rollouts`).
     """
     q = shlex.quote
-    outputs = [("checkpoints", os.path.join(workdir, "checkpoints")), ("TensorBoard", os.path.join(workdir, "tb")),
-               ("metrics", os.path.join(workdir, "metrics.jsonl"))]  # fmt: skip
+    outputs = [
+        ("checkpoints", os.path.join(workdir, "checkpoints")),
+        ("TensorBoard", os.path.join(workdir, "tb")),
+        ("metrics", os.path.join(workdir, "metrics.jsonl")),
+    ]
     if rollouts:
         outputs.append(("rollouts", os.path.join(workdir, "rollouts")))
     lines = [f"outputs in {workdir}:", *(f"  {what:<13}{path}" for what, path in outputs), "next:"]
     lines.append(f"  tensorboard --logdir {q(os.path.join(workdir, 'tb'))}")
-    evaluate = [f"python {q(os.path.join(launch_dir, 'eval.py'))}", *map(q, config_args),
-                q(f"--checkpoint={os.path.join(workdir, 'checkpoints')}")]  # fmt: skip
+    evaluate = [
+        f"python {q(os.path.join(launch_dir, 'eval.py'))}",
+        *map(q, config_args),
+        q(f"--checkpoint={os.path.join(workdir, 'checkpoints')}"),
+    ]
     lines.append("  " + " ".join(evaluate))
     if rollouts:
         lines.append(f"  python {q(os.path.join(launch_dir, 'analyze_rollouts.py'))} {q(f'--run={workdir}')}")

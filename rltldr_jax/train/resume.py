@@ -32,9 +32,19 @@ log = logging.getLogger(__name__)
 #: optim.*, batch.* but pad_to_multiple, sft.*, mode, ...) defines what the run trains and may change only with
 #: `allow_config_change` (`--allow_config_change`).
 RESUME_FREE_KEYS = (
-    "name", "workdir", "train.", "eval.", "engine.", "mesh.", "model.remat", "model.allow_nonfinite",
-    "rollout.save_rollouts", "batch.pad_to_multiple", "pretrain.cache_dir", "pretrain.shipped",
-)  # fmt: skip
+    "name",
+    "workdir",
+    "train.",
+    "eval.",
+    "engine.",
+    "mesh.",
+    "model.remat",
+    "model.allow_nonfinite",
+    "rollout.save_rollouts",
+    "batch.pad_to_multiple",
+    "pretrain.cache_dir",
+    "pretrain.shipped",
+)
 
 
 #: Marks a config key that one side of a comparison does not have.

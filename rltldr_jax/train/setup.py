@@ -1,9 +1,9 @@
 """What the RL trainer and the offline SFT trainer share: the policy from a config, and the sharded update.
 
-    model = build_policy(config)                                   # HF weights, or the tiny preset's random ones
-    update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
-                           micro_batch_size=config.batch.micro_batch_size)   # params + optimizer state on the mesh
-    metrics = update.step(batch)                                   # one optimizer step; params, opt_state updated
+model = build_policy(config)                                   # HF weights, or the tiny preset's random ones
+update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
+                       micro_batch_size=config.batch.micro_batch_size)   # params + optimizer state on the mesh
+metrics = update.step(batch)                                   # one optimizer step; params, opt_state updated
 """
 
 from __future__ import annotations
@@ -52,11 +52,17 @@ def build_policy(config: ml_collections.ConfigDict) -> Any:
         raise ValueError(
             f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
             "(e.g. `huggingface-cli download Qwen/Qwen3.5-9B --local-dir /ckpt/qwen3_5_9b` on a machine with "
-            "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); only the tiny preset starts from random weights"
+            "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); "
+            "only the tiny preset starts from random weights"
         )
     if config.model.checkpoint:
-        return load_pretrained(config.model.checkpoint, dtype=param_dtype, compute_dtype=dtype, remat=config.model.remat,
-                               allow_nonfinite=config.model.allow_nonfinite)  # fmt: skip
+        return load_pretrained(
+            config.model.checkpoint,
+            dtype=param_dtype,
+            compute_dtype=dtype,
+            remat=config.model.remat,
+            allow_nonfinite=config.model.allow_nonfinite,
+        )
     spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
     return spec.build(seed=config.seed)
 
@@ -104,9 +110,10 @@ class ShardedUpdate:
         graphdef = self.graphdef
         self._step = jax.jit(
             lambda p, s, b: train_step(graphdef, p, s, b, tx=tx, loss_cfg=loss_cfg),
-            in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
+            in_shardings=(p_sh, o_sh, b_sh),
+            out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
             donate_argnums=(0, 1),
-        )  # fmt: skip
+        )
 
     def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
         """One optimizer step on `batch` (updates `params` and `opt_state` in place); returns its metrics."""

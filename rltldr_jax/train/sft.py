@@ -35,8 +35,8 @@ from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
-from rltldr_jax.train.summary import SummaryWriter
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_from_config
+from rltldr_jax.train.summary import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,18 @@ class SFTData:
 
 def _as_target(e: Example) -> Example:
     """The step's sampled tokens become the SFT target; the insights stay in context untrained."""
-    return dataclasses.replace(e, insight_mask=e.action_mask.copy(), action_mask=np.zeros_like(e.action_mask), advantage=0.0)
+    return dataclasses.replace(
+        e, insight_mask=e.action_mask.copy(), action_mask=np.zeros_like(e.action_mask), advantage=0.0
+    )
 
 
 def sft_examples(
-    records: Sequence[RolloutRecord], builder: ContextBuilder, *, data: str, num_rollouts: int = 0, deduplicate: bool = False,
+    records: Sequence[RolloutRecord],
+    builder: ContextBuilder,
+    *,
+    data: str,
+    num_rollouts: int = 0,
+    deduplicate: bool = False,
     seed: int = 0,
 ) -> SFTData:
     """The Table 2 training set from saved rollouts (see the module docstring).
@@ -110,8 +117,10 @@ def run_sft(config: ml_collections.ConfigDict, *, progress: bool = False, restar
     if config.mode != "sft":
         raise ValueError(f"config.mode={config.mode!r}: offline SFT runs need mode='sft' (an sft_* / sftldr* ablation)")
     if not config.sft.rollouts_dir:
-        raise ValueError("sft.rollouts_dir is empty: give the workdir (or rollouts directory) of an RLTL;DR run, e.g. "
-                         "--config.sft.rollouts_dir=runs/sapi-rltldr")  # fmt: skip
+        raise ValueError(
+            "sft.rollouts_dir is empty: give the workdir (or rollouts directory) of an RLTL;DR run, e.g. "
+            "--config.sft.rollouts_dir=runs/sapi-rltldr"
+        )
     workdir = workdir_of(config)
     lock = claim_workdir(workdir, resume=False, restart=restart)
     try:
@@ -123,36 +132,64 @@ def run_sft(config: ml_collections.ConfigDict, *, progress: bool = False, restar
 def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, float]:
     builder = context_builder(config, policy_tokenizer(config))
     s = config.sft
-    data = sft_examples(load_rollouts(s.rollouts_dir), builder, data=s.data, num_rollouts=s.num_rollouts,
-                        deduplicate=s.deduplicate, seed=config.seed)  # fmt: skip
+    data = sft_examples(
+        load_rollouts(s.rollouts_dir),
+        builder,
+        data=s.data,
+        num_rollouts=s.num_rollouts,
+        deduplicate=s.deduplicate,
+        seed=config.seed,
+    )
     model = build_policy(config)
     tx = optimizer_from_config(config.optim, learning_rate=s.learning_rate)
-    update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig(lam=1.0, grpo_coef=0.0),
-                           micro_batch_size=config.batch.micro_batch_size)  # fmt: skip
+    update = ShardedUpdate(
+        MeshConfig.from_config(config),
+        model,
+        tx,
+        LossConfig(lam=1.0, grpo_coef=0.0),
+        micro_batch_size=config.batch.micro_batch_size,
+    )
     summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
     steps, t0 = 0, time.time()
     guard = NonFiniteGuard(config.train.max_nonfinite_skips)
-    metrics: dict[str, float] = {"sft/examples": float(len(data.examples)), "sft/attempts": float(data.attempts),
-                                 "sft/target_tokens": float(data.target_tokens)}  # fmt: skip
+    metrics: dict[str, float] = {
+        "sft/examples": float(len(data.examples)),
+        "sft/attempts": float(data.attempts),
+        "sft/target_tokens": float(data.target_tokens),
+    }
     try:
         for epoch in range(s.epochs):
             order = np.random.default_rng([config.seed, epoch]).permutation(len(data.examples))
             nll = []
-            for batch in pack([data.examples[i] for i in order], micro_batch_size=b.micro_batch_size,
-                              grad_accum_steps=b.grad_accum_steps, pad_to_multiple=b.pad_to_multiple,
-                              max_len=config.rollout.max_context_tokens):  # fmt: skip
+            for batch in pack(
+                [data.examples[i] for i in order],
+                micro_batch_size=b.micro_batch_size,
+                grad_accum_steps=b.grad_accum_steps,
+                pad_to_multiple=b.pad_to_multiple,
+                max_len=config.rollout.max_context_tokens,
+            ):
                 step_metrics = update.step(batch)
                 nll.append(float(step_metrics["sft_nll"]))
                 steps += 1
                 guard.record(step_metrics, f"epoch {epoch + 1}, optimizer step {steps}")
             metrics["sft/nll"] = float(np.mean(nll))
-            summary.scalars({"sft/nll": metrics["sft/nll"], "sft/epoch": float(epoch + 1)}, steps, tokens=0, walltime=time.time() - t0)
+            summary.scalars(
+                {"sft/nll": metrics["sft/nll"], "sft/epoch": float(epoch + 1)},
+                steps,
+                tokens=0,
+                walltime=time.time() - t0,
+            )
             log.info("sft epoch %d/%d: nll %.4f", epoch + 1, s.epochs, metrics["sft/nll"])
         with Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints) as ckpt:
-            ckpt.save(s.epochs, params=update.params, opt_state=update.opt_state, rng=None,
-                      meta={"mode": "sft", "sft": s.to_dict(), "optimizer_steps": steps, "config": config.to_dict()},
-                      model_config=model.config)  # fmt: skip
+            ckpt.save(
+                s.epochs,
+                params=update.params,
+                opt_state=update.opt_state,
+                rng=None,
+                meta={"mode": "sft", "sft": s.to_dict(), "optimizer_steps": steps, "config": config.to_dict()},
+                model_config=model.config,
+            )
         policy = update.model()  # (every process: a collective in a multi-process job)
 
         def evaluate_here() -> dict[str, float]:  # process 0 holds the engine; the others get its numbers

@@ -94,14 +94,24 @@ def weight_decay_error(name: str, weight_decay: float, *, flag: str = "") -> str
     rule a nonzero `weight_decay` would be silently ignored. `flag` prefixes the keys in the fix ("--config." for
     the command line)."""
     if weight_decay != 0 and name != "adamw":
-        return (f"optim.weight_decay={weight_decay} with optim.name={name!r} would be ignored: set {flag}optim.weight_decay=0, "
-                f"or {flag}optim.name=adamw for decoupled weight decay")  # fmt: skip
+        return (
+            f"optim.weight_decay={weight_decay} with optim.name={name!r} would be ignored: "
+            f"set {flag}optim.weight_decay=0, "
+            f"or {flag}optim.name=adamw for decoupled weight decay"
+        )
     return None
 
 
 def make_optimizer(
-    learning_rate: float, *, name: str = "adamw", warmup_steps: int = 0, b1: float = 0.9, b2: float = 0.999,
-    eps: float = 1e-8, weight_decay: float = 0.0, grad_clip_norm: float = 1.0,
+    learning_rate: float,
+    *,
+    name: str = "adamw",
+    warmup_steps: int = 0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    grad_clip_norm: float = 1.0,
 ) -> optax.GradientTransformation:
     """Global-norm gradient clipping (Fig. 4: the clip at 1 fires on nearly every update; grad_clip_norm=0 means no
     clipping), then the update rule `name`, scaled by `learning_rate_schedule(learning_rate, warmup_steps)`.
@@ -113,7 +123,7 @@ def make_optimizer(
 
     Raises:
       ValueError: an unknown `name`, a negative `warmup_steps`, or weight_decay != 0 with a name other than "adamw".
-    """  # fmt: skip
+    """
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}: pick one of them")
     problem = weight_decay_error(name, weight_decay, flag="--config.")
@@ -136,13 +146,29 @@ def optimizer_from_config(
     """`make_optimizer` from the `optim.*` keys of a config; `learning_rate` replaces `optim.learning_rate` (the
     offline SFT baselines use `sft.learning_rate` with the rest of `optim.*`)."""
     lr = optim.learning_rate if learning_rate is None else learning_rate
-    return make_optimizer(lr, name=optim.name, warmup_steps=optim.warmup_steps, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                          weight_decay=optim.weight_decay, grad_clip_norm=optim.grad_clip_norm)  # fmt: skip
+    return make_optimizer(
+        lr,
+        name=optim.name,
+        warmup_steps=optim.warmup_steps,
+        b1=optim.b1,
+        b2=optim.b2,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        grad_clip_norm=optim.grad_clip_norm,
+    )
 
 
 #: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
-AUX_KEYS = ("grpo_sum", "clipped", "ratio_sum", "sft_sum", "writer_sum", "entropy_sum", "trainer_logprob_sum",
-            "sampler_logprob_sum")  # fmt: skip
+AUX_KEYS = (
+    "grpo_sum",
+    "clipped",
+    "ratio_sum",
+    "sft_sum",
+    "writer_sum",
+    "entropy_sum",
+    "trainer_logprob_sum",
+    "sampler_logprob_sum",
+)
 
 
 def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Array, ...], loss_cfg: LossConfig):
@@ -153,8 +179,17 @@ def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Ar
     grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
     sft = insight_sft_loss(lp, mb["insight_mask"])
     writer = insight_sft_loss(lp, mb["writer_mask"])
-    loss = rltldr_loss(grpo, sft, lam=loss_cfg.lam, grpo_count=grpo_count, sft_count=sft_count, grpo_coef=loss_cfg.grpo_coef,
-                       writer=writer, writer_sft_coef=loss_cfg.writer_sft_coef, writer_count=writer_count)  # fmt: skip
+    loss = rltldr_loss(
+        grpo,
+        sft,
+        lam=loss_cfg.lam,
+        grpo_count=grpo_count,
+        sft_count=sft_count,
+        grpo_coef=loss_cfg.grpo_coef,
+        writer=writer,
+        writer_sft_coef=loss_cfg.writer_sft_coef,
+        writer_count=writer_count,
+    )
     aux = {
         "grpo_sum": grpo.loss_sum,
         "clipped": grpo.clipped,
@@ -195,16 +230,20 @@ def train_step(
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (l, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
-        return (jax.tree.map(jnp.add, grads, g), loss + l, jax.tree.map(jnp.add, aux, a)), None
+        (micro_loss, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
+        return (jax.tree.map(jnp.add, grads, g), loss + micro_loss, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     aux0 = {k: jnp.float32(0) for k in AUX_KEYS}
     micro = {
-        "ids": batch.ids, "old_logprobs": batch.old_logprobs, "advantages": batch.advantages,
-        "action_mask": batch.action_mask, "insight_mask": batch.insight_mask, "writer_mask": writer_mask,
+        "ids": batch.ids,
+        "old_logprobs": batch.old_logprobs,
+        "advantages": batch.advantages,
+        "action_mask": batch.action_mask,
+        "insight_mask": batch.insight_mask,
+        "writer_mask": writer_mask,
         "detach_ratio": detach,
-    }  # fmt: skip
+    }
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     grad_norm = optax.tree.norm(grads)
@@ -261,8 +300,13 @@ class NonFiniteGuard:
         self.total += 1
         values = f"loss {float(metrics['loss'])}, gradient norm {float(metrics['grad_norm'])}"
         stop = f"the run stops at {self.limit} in a row" if self.limit else "train.max_nonfinite_skips=0: never stops"
-        log.warning("%s: NON-FINITE %s: optimizer step SKIPPED, parameters and optimizer state unchanged "
-                    "(%d in a row; %s)", where, values, self.in_a_row, stop)  # fmt: skip
+        log.warning(
+            "%s: NON-FINITE %s: optimizer step SKIPPED, parameters and optimizer state unchanged (%d in a row; %s)",
+            where,
+            values,
+            self.in_a_row,
+            stop,
+        )
         if self.limit and self.in_a_row >= self.limit:
             raise NonFiniteError(
                 f"{self.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm (last at {where}: "
@@ -287,10 +331,12 @@ def check_logprob_gap(metrics: Mapping[str, Any], limit: float, phase: int) -> N
     if not limit or not float(metrics["grpo_tokens"]) or not math.isfinite(gap) or abs(gap) <= limit:
         return
     raise LogprobGapError(
-        f"phase {phase + 1}: the sampler's logprobs differ from the trainer's by {gap:+.4f} nats per token on the first "
+        f"phase {phase + 1}: the sampler's logprobs differ from the trainer's by {gap:+.4f} nats per token "
+        "on the first "
         f"minibatch (|gap| > train.max_logprob_gap={limit}), so the rollouts were not sampled from the policy being "
         "trained; stopped without saving, the last checkpoint is intact. Likely causes: the generation servers serve "
         "other weights (started from another checkpoint, or engine.assume_initial_weights=True when they were not), "
         "the servers' tokenizer or chat template differs from the trainer's, or sampling that is not the policy's "
-        "(rollout.temperature != 1, rollout.top_p < 1, rollout.top_k > 0). To train on anyway, raise train.max_logprob_gap or set it to 0"
+        "(rollout.temperature != 1, rollout.top_p < 1, rollout.top_k > 0). "
+        "To train on anyway, raise train.max_logprob_gap or set it to 0"
     )

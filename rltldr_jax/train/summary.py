@@ -31,7 +31,9 @@ class SummaryWriter:
 
     def __init__(self, logdir: str, *, resumed_at: tuple[int, int, float] | None = None, enabled: bool | None = None):
         enabled = is_main_process() if enabled is None else enabled
-        self._writers = [EventFileWriter(os.path.join(logdir, sub), flush_secs=10) for sub, _ in AXES] if enabled else []
+        self._writers = (
+            [EventFileWriter(os.path.join(logdir, sub), flush_secs=10) for sub, _ in AXES] if enabled else []
+        )
         if resumed_at is not None and self._writers:
             env_steps, tokens, walltime = resumed_at
             start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)

@@ -37,7 +37,11 @@ def source(name: str) -> str:
         raise ValueError(f"unknown harness module {name!r} (expected one of {MODULES})")
     text = resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
     body = ast.parse(text).body
-    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)):  # fmt: skip
+    if not (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         raise ValueError(f"harness module {name!r} must start with its docstring")
     return "\n".join(text.split("\n")[body[0].end_lineno :])

@@ -30,10 +30,17 @@ def supervisor_tables(seed: int, apps: tuple[str, ...]) -> dict[str, list[dict]]
     """The supervisor's profile and a password for each app."""
     rng = random.Random(f"supervisor/{seed}")
     first, last = data.ch(rng, data.FIRST), data.ch(rng, data.SUPERVISOR_LAST)  # never a contact's name
-    prof = {"id": 1, "first_name": first, "last_name": last, "email": f"{first.lower()}.{last.lower()}@example.com",
-            "phone_number": f"{data.ri(rng, 201, 989)}{data.ri(rng, 200, 999)}{data.ri(rng, 1000, 9999)}"}
-    pw = [{"id": i + 1, "account_name": a,
-           "password": hashlib.sha256(f"{seed}/{a}".encode()).hexdigest()[:12]} for i, a in enumerate(apps)]
+    prof = {
+        "id": 1,
+        "first_name": first,
+        "last_name": last,
+        "email": f"{first.lower()}.{last.lower()}@example.com",
+        "phone_number": f"{data.ri(rng, 201, 989)}{data.ri(rng, 200, 999)}{data.ri(rng, 1000, 9999)}",
+    }
+    pw = [
+        {"id": i + 1, "account_name": a, "password": hashlib.sha256(f"{seed}/{a}".encode()).hexdigest()[:12]}
+        for i, a in enumerate(apps)
+    ]
     return {"profile": [prof], "account_passwords": pw}
 
 
@@ -78,8 +85,15 @@ def generate_tasks(split: str, seed: int = 0, n: int | None = None) -> list[Task
         tpl = BY_NAME[name]
         s = _seed(split, seed, name, index)
         _, params = build_db(s, tpl.apps, tpl)
-        tasks.append(Task(task_id=f"sapi/{split}/{name}/{index}", goal=tpl.goal(params), env="sapi", split=split,
-                          spec={"template": name, "seed": s, "params": params, "qa": tpl.qa}))
+        tasks.append(
+            Task(
+                task_id=f"sapi/{split}/{name}/{index}",
+                goal=tpl.goal(params),
+                env="sapi",
+                split=split,
+                spec={"template": name, "seed": s, "params": params, "qa": tpl.qa},
+            )
+        )
     return tasks
 
 

@@ -35,7 +35,7 @@ from .world import TODAY
 DB = dict[str, dict[str, list[dict]]]
 
 PRELUDE = (
-    'profile = apis.supervisor.show_profile()\n'
+    "profile = apis.supervisor.show_profile()\n"
     'passwords = {a["account_name"]: a["password"] for a in apis.supervisor.show_account_passwords()}\n'
 )
 ALL_PAGES = (
@@ -95,8 +95,9 @@ class Template(abc.ABC):
 
     def solution(self, p: dict[str, Any]) -> str:
         """The full golden solution: log in to the template's apps, then `body`."""
-        logins = "".join(f'{a}_token = apis.{a}.login(profile["email"], passwords["{a}"])["access_token"]\n'
-                         for a in self.apps)
+        logins = "".join(
+            f'{a}_token = apis.{a}.login(profile["email"], passwords["{a}"])["access_token"]\n' for a in self.apps
+        )
         return PRELUDE + logins + ALL_PAGES + self.body(p)
 
 
@@ -126,15 +127,20 @@ class TodoListColor(Template):
         return f"Change the color of my '{p['list']}' to-do list to {p['color'].lower()}."
 
     def body(self, p):
-        return (f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
-                f'apis.todo.update_list(todo_token, list_id=lst["id"], color={p["color"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
+            f'apis.todo.update_list(todo_token, list_id=lst["id"], color={p["color"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.record("todo.lists", p["list_id"])["color"]
-        v.test(f"assert the color of the '{p['list']}' list was changed to the requested color, written as a valid "
-               "Color enum value (one of Red, Orange, Yellow, Green, Blue, Purple, Gray; case-sensitive)",
-               got == p["color"], f"color={got!r}")
+        v.test(
+            f"assert the color of the '{p['list']}' list was changed to the requested color, written as a valid "
+            "Color enum value (one of Red, Orange, Yellow, Green, Blue, Purple, Gray; case-sensitive)",
+            got == p["color"],
+            f"color={got!r}",
+        )
         return {"todo.lists": {"ids": {p["list_id"]: ("color",)}}}
 
 
@@ -153,14 +159,20 @@ class TodoSortPreference(Template):
         return f"From now on, keep my '{p['list']}' to-do list sorted by {SORT_LABELS[p['sort_by']]}."
 
     def body(self, p):
-        return (f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
-                f'apis.todo.save_sort_preference(todo_token, list_id=lst["id"], sort_by={p["sort_by"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
+            f'apis.todo.save_sort_preference(todo_token, list_id=lst["id"], sort_by={p["sort_by"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.record("todo.lists", p["list_id"])["sort_by"]
-        v.test(f"assert the saved sort preference of the '{p['list']}' list (stored in the database) was changed to "
-               "the requested order", got == p["sort_by"], f"saved sort_by={got!r}")
+        v.test(
+            f"assert the saved sort preference of the '{p['list']}' list (stored in the database) was changed to "
+            "the requested order",
+            got == p["sort_by"],
+            f"saved sort_by={got!r}",
+        )
         return {"todo.lists": {"ids": {p["list_id"]: ("sort_by",)}}}
 
 
@@ -179,25 +191,40 @@ class TodoCompleteOverdue(Template):
         return {"list_id": lst["id"], "list": lst["name"], "expected": expected}
 
     def goal(self, p):
-        return (f"Mark every open task in my '{p['list']}' to-do list that was due before {TODAY} (today) as "
-                "completed.")
+        return f"Mark every open task in my '{p['list']}' to-do list that was due before {TODAY} (today) as completed."
 
     def body(self, p):
-        return (f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
-                f'for t in all_pages(apis.todo.search_tasks, todo_token, list_id=lst["id"], completed=False, '
-                f'due_before={TODAY!r}):\n'
-                '    apis.todo.mark_task_completed(todo_token, task_id=t["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
+            f'for t in all_pages(apis.todo.search_tasks, todo_token, list_id=lst["id"], completed=False, '
+            f"due_before={TODAY!r}):\n"
+            '    apis.todo.mark_task_completed(todo_token, task_id=t["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         done = sorted(new["id"] for old, new in v.changed("todo.tasks") if new["completed"] and not old["completed"])
-        v.test(f"assert exactly the open tasks of the '{p['list']}' list that were due before {TODAY} were marked "
-               "as completed", done == p["expected"], f"task ids marked completed: {done}")
+        v.test(
+            f"assert exactly the open tasks of the '{p['list']}' list that were due before {TODAY} were marked "
+            "as completed",
+            done == p["expected"],
+            f"task ids marked completed: {done}",
+        )
         return {"todo.tasks": {"ids": {i: ("completed",) for i in p["expected"]}}}
 
 
-CHORES = ["Buy light bulbs", "Call the plumber", "Renew library card", "Pay water bill", "Book dentist",
-          "Return rental skis", "Order printer ink", "Pick up dry cleaning", "Email landlord", "Back up laptop"]
+CHORES = [
+    "Buy light bulbs",
+    "Call the plumber",
+    "Renew library card",
+    "Pay water bill",
+    "Book dentist",
+    "Return rental skis",
+    "Order printer ink",
+    "Pick up dry cleaning",
+    "Email landlord",
+    "Back up laptop",
+]
 
 
 @register
@@ -206,34 +233,57 @@ class TodoAddTask(Template):
 
     def prepare(self, rng, db):
         lst = rng.choice(db["todo"]["lists"])
-        return {"list_id": lst["id"], "list": lst["name"], "title": rng.choice(CHORES),
-                "due_date": data.date(rng, 1, 30), "priority": rng.choice(todo.PRIORITIES)}
+        return {
+            "list_id": lst["id"],
+            "list": lst["name"],
+            "title": rng.choice(CHORES),
+            "due_date": data.date(rng, 1, 30),
+            "priority": rng.choice(todo.PRIORITIES),
+        }
 
     def goal(self, p):
-        return (f"Add a task '{p['title']}' to my '{p['list']}' to-do list, due on {p['due_date']}, with "
-                f"{p['priority'].lower()} priority.")
+        return (
+            f"Add a task '{p['title']}' to my '{p['list']}' to-do list, due on {p['due_date']}, with "
+            f"{p['priority'].lower()} priority."
+        )
 
     def body(self, p):
-        return (f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
-                f'apis.todo.create_task(todo_token, list_id=lst["id"], title={p["title"]!r}, '
-                f'due_date={p["due_date"]!r}, priority={p["priority"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'lst = [l for l in apis.todo.show_lists(todo_token) if l["name"] == {p["list"]!r}][0]\n'
+            f'apis.todo.create_task(todo_token, list_id=lst["id"], title={p["title"]!r}, '
+            f"due_date={p['due_date']!r}, priority={p['priority']!r})\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "todo.tasks", title=p["title"], list_id=p["list_id"])
-        v.test(f"assert one task with the requested title was added to the '{p['list']}' list", len(new) == 1,
-               f"tasks added: {[(t['title'], t['list_id']) for t in v.added('todo.tasks')]}")
+        v.test(
+            f"assert one task with the requested title was added to the '{p['list']}' list",
+            len(new) == 1,
+            f"tasks added: {[(t['title'], t['list_id']) for t in v.added('todo.tasks')]}",
+        )
         if len(new) == 1:
-            v.test("assert the new task has the requested due date (YYYY-MM-DD)", new[0]["due_date"] == p["due_date"],
-                   f"due_date={new[0]['due_date']!r}")
-            v.test("assert the new task has the requested priority", new[0]["priority"] == p["priority"],
-                   f"priority={new[0]['priority']!r}")
+            v.test(
+                "assert the new task has the requested due date (YYYY-MM-DD)",
+                new[0]["due_date"] == p["due_date"],
+                f"due_date={new[0]['due_date']!r}",
+            )
+            v.test(
+                "assert the new task has the requested priority",
+                new[0]["priority"] == p["priority"],
+                f"priority={new[0]['priority']!r}",
+            )
         return {"todo.tasks": {"added": 1}}
 
 
 # =========================================================== notes ==========================================
-NOTE_TEXTS = ["Remember to bring the charger.", "Ask about the warranty.", "Three options, compare prices.",
-              "Meet at the north entrance.", "Draft due next Monday."]
+NOTE_TEXTS = [
+    "Remember to bring the charger.",
+    "Ask about the warranty.",
+    "Three options, compare prices.",
+    "Meet at the north entrance.",
+    "Draft due next Monday.",
+]
 
 
 @register
@@ -246,28 +296,45 @@ class NotesCreate(Template):
         title = data.title(rng, 3)
         while title in titles:
             title = data.title(rng, 3)
-        return {"notebook_id": nb["id"], "notebook": nb["name"], "title": title, "content": rng.choice(NOTE_TEXTS),
-                "tag": rng.choice(["urgent", "later", "family", "finance", "health"])}
+        return {
+            "notebook_id": nb["id"],
+            "notebook": nb["name"],
+            "title": title,
+            "content": rng.choice(NOTE_TEXTS),
+            "tag": rng.choice(["urgent", "later", "family", "finance", "health"]),
+        }
 
     def goal(self, p):
-        return (f"Create a note titled '{p['title']}' in my '{p['notebook']}' notebook with the content "
-                f"'{p['content']}', tagged '{p['tag']}'.")
+        return (
+            f"Create a note titled '{p['title']}' in my '{p['notebook']}' notebook with the content "
+            f"'{p['content']}', tagged '{p['tag']}'."
+        )
 
     def body(self, p):
-        return (f'nb = [n for n in apis.notes.show_notebooks(notes_token) if n["name"] == {p["notebook"]!r}][0]\n'
-                f'apis.notes.create_note(notes_token, title={p["title"]!r}, content={p["content"]!r}, '
-                f'notebook_id=nb["id"], tags=[{p["tag"]!r}])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'nb = [n for n in apis.notes.show_notebooks(notes_token) if n["name"] == {p["notebook"]!r}][0]\n'
+            f"apis.notes.create_note(notes_token, title={p['title']!r}, content={p['content']!r}, "
+            f'notebook_id=nb["id"], tags=[{p["tag"]!r}])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "notes.notes", title=p["title"])
-        v.test("assert one note with the requested title was created", len(new) == 1,
-               f"notes created: {[n['title'] for n in v.added('notes.notes')]}")
+        v.test(
+            "assert one note with the requested title was created",
+            len(new) == 1,
+            f"notes created: {[n['title'] for n in v.added('notes.notes')]}",
+        )
         if len(new) == 1:
             n = new[0]
-            v.test(f"assert the note is in the '{p['notebook']}' notebook", n["notebook_id"] == p["notebook_id"],
-                   f"notebook_id={n['notebook_id']!r}")
-            v.test("assert the note has the requested content", n["content"] == p["content"], f"content={n['content']!r}")
+            v.test(
+                f"assert the note is in the '{p['notebook']}' notebook",
+                n["notebook_id"] == p["notebook_id"],
+                f"notebook_id={n['notebook_id']!r}",
+            )
+            v.test(
+                "assert the note has the requested content", n["content"] == p["content"], f"content={n['content']!r}"
+            )
             v.test("assert the note has exactly the requested tag", n["tags"] == [p["tag"]], f"tags={n['tags']!r}")
         return {"notes.notes": {"added": 1}}
 
@@ -280,26 +347,39 @@ class NotesTagNotebook(Template):
         notes = db["notes"]["notes"]
         nb = max(db["notes"]["notebooks"], key=lambda b: (sum(n["notebook_id"] == b["id"] for n in notes), b["id"]))
         mine = [n for n in notes if n["notebook_id"] == nb["id"]]
-        tag = rng.choice([t for t in ["urgent", "later", "family", "finance", "health", "draft", "archive"]
-                          if any(t not in n["tags"] for n in mine)])
+        tag = rng.choice(
+            [
+                t
+                for t in ["urgent", "later", "family", "finance", "health", "draft", "archive"]
+                if any(t not in n["tags"] for n in mine)
+            ]
+        )
         return {"notebook_id": nb["id"], "notebook": nb["name"], "tag": tag, "note_ids": sorted(n["id"] for n in mine)}
 
     def goal(self, p):
         return f"Add the tag '{p['tag']}' to every note in my '{p['notebook']}' notebook that does not have it yet."
 
     def body(self, p):
-        return (f'nb = [n for n in apis.notes.show_notebooks(notes_token) if n["name"] == {p["notebook"]!r}][0]\n'
-                'for n in all_pages(apis.notes.search_notes, notes_token, notebook_id=nb["id"]):\n'
-                f'    if {p["tag"]!r} not in n["tags"]:\n'
-                f'        apis.notes.add_note_tag(notes_token, note_id=n["id"], tag={p["tag"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'nb = [n for n in apis.notes.show_notebooks(notes_token) if n["name"] == {p["notebook"]!r}][0]\n'
+            'for n in all_pages(apis.notes.search_notes, notes_token, notebook_id=nb["id"]):\n'
+            f'    if {p["tag"]!r} not in n["tags"]:\n'
+            f'        apis.notes.add_note_tag(notes_token, note_id=n["id"], tag={p["tag"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         missing = [i for i in p["note_ids"] if p["tag"] not in v.record("notes.notes", i)["tags"]]
-        v.test(f"assert every note in the '{p['notebook']}' notebook has the tag", not missing,
-               f"note ids in the notebook still without the tag: {missing}")
-        lost = [i for i in p["note_ids"] if not set(v.record("notes.notes", i, "before")["tags"])
-                <= set(v.record("notes.notes", i)["tags"])]
+        v.test(
+            f"assert every note in the '{p['notebook']}' notebook has the tag",
+            not missing,
+            f"note ids in the notebook still without the tag: {missing}",
+        )
+        lost = [
+            i
+            for i in p["note_ids"]
+            if not set(v.record("notes.notes", i, "before")["tags"]) <= set(v.record("notes.notes", i)["tags"])
+        ]
         v.test("assert the notes kept their other tags", not lost, f"note ids that lost tags: {lost}")
         return {"notes.notes": {"ids": {i: ("tags",) for i in p["note_ids"]}}}
 
@@ -317,8 +397,10 @@ class NotesCountQA(Template):
         return f"How many of my notes are tagged '{p['tag']}'?"
 
     def body(self, p):
-        return (f'n = len(all_pages(apis.notes.search_notes, notes_token, tag={p["tag"]!r}))\n'
-                'apis.supervisor.complete_task(answer=n)\n')
+        return (
+            f"n = len(all_pages(apis.notes.search_notes, notes_token, tag={p['tag']!r}))\n"
+            "apis.supervisor.complete_task(answer=n)\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -344,15 +426,20 @@ class MusicPlaySong(Template):
         return f"Play the song '{p['title']}' by {p['artist']}."
 
     def body(self, p):
-        return (f'song = [s for s in all_pages(apis.music.search_songs, music_token, query={p["title"]!r}) '
-                f'if s["title"] == {p["title"]!r} and s["artist"] == {p["artist"]!r}][0]\n'
-                'apis.music.play_song(music_token, song_id=song["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"song = [s for s in all_pages(apis.music.search_songs, music_token, query={p['title']!r}) "
+            f'if s["title"] == {p["title"]!r} and s["artist"] == {p["artist"]!r}][0]\n'
+            'apis.music.play_song(music_token, song_id=song["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         played = [h["song_id"] for h in v.added("music.play_history")]
-        v.test("assert the requested song was played, i.e. a play-history record was created for it",
-               played == [p["song_id"]], f"song ids of new play-history records: {played}")
+        v.test(
+            "assert the requested song was played, i.e. a play-history record was created for it",
+            played == [p["song_id"]],
+            f"song ids of new play-history records: {played}",
+        )
         return {"music.play_history": {"added": 1}, "music.songs": {"ids": {p["song_id"]: ("play_count",)}}}
 
 
@@ -362,8 +449,13 @@ class MusicLikeArtist(Template):
 
     def prepare(self, rng, db):
         liked = {lk["song_id"] for lk in db["music"]["likes"]}
-        a = rng.choice([a for a in db["music"]["artists"]
-                        if any(s["artist_id"] == a["id"] and s["id"] not in liked for s in db["music"]["songs"])])
+        a = rng.choice(
+            [
+                a
+                for a in db["music"]["artists"]
+                if any(s["artist_id"] == a["id"] and s["id"] not in liked for s in db["music"]["songs"])
+            ]
+        )
         songs = sorted(s["id"] for s in db["music"]["songs"] if s["artist_id"] == a["id"])
         return {"artist": a["name"], "song_ids": songs, "new": [i for i in songs if i not in liked]}
 
@@ -371,19 +463,24 @@ class MusicLikeArtist(Template):
         return f"Like every song by {p['artist']} that I have not liked yet."
 
     def body(self, p):
-        return (f'artist = [a for a in all_pages(apis.music.search_artists, music_token, query={p["artist"]!r}) '
-                f'if a["name"] == {p["artist"]!r}][0]\n'
-                'liked = {s["id"] for s in all_pages(apis.music.show_liked_songs, music_token)}\n'
-                'for s in all_pages(apis.music.search_songs, music_token, artist_id=artist["id"]):\n'
-                '    if s["id"] not in liked:\n'
-                '        apis.music.like_song(music_token, song_id=s["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"artist = [a for a in all_pages(apis.music.search_artists, music_token, query={p['artist']!r}) "
+            f'if a["name"] == {p["artist"]!r}][0]\n'
+            'liked = {s["id"] for s in all_pages(apis.music.show_liked_songs, music_token)}\n'
+            'for s in all_pages(apis.music.search_songs, music_token, artist_id=artist["id"]):\n'
+            '    if s["id"] not in liked:\n'
+            '        apis.music.like_song(music_token, song_id=s["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         liked = {lk["song_id"] for lk in v.table("music.likes")}
         added = sorted(lk["song_id"] for lk in v.added("music.likes"))
-        v.test("assert every song by the artist is in your liked songs", set(p["song_ids"]) <= liked,
-               f"song ids you liked in this task: {added}")
+        v.test(
+            "assert every song by the artist is in your liked songs",
+            set(p["song_ids"]) <= liked,
+            f"song ids you liked in this task: {added}",
+        )
         return {"music.likes": {"added": len(p["new"])}}
 
 
@@ -396,35 +493,53 @@ class MusicPlaylistFromAlbum(Template):
         alb = rng.choice(albums)
         songs = [s["id"] for s in db["music"]["songs"] if s["album_id"] == alb["id"]]
         names = {pl["name"] for pl in db["music"]["playlists"]}
-        name = rng.choice([n for n in ["Album Night", "On Repeat", "Deep Listen", "Full Album", "Sunday Set"]
-                           if n not in names])
-        return {"album": alb["title"], "artist": _artist(db, alb["artist_id"]), "album_id": alb["id"],
-                "song_ids": songs, "playlist": name}
+        name = rng.choice(
+            [n for n in ["Album Night", "On Repeat", "Deep Listen", "Full Album", "Sunday Set"] if n not in names]
+        )
+        return {
+            "album": alb["title"],
+            "artist": _artist(db, alb["artist_id"]),
+            "album_id": alb["id"],
+            "song_ids": songs,
+            "playlist": name,
+        }
 
     def goal(self, p):
-        return (f"Create a private playlist named '{p['playlist']}' with all the songs of the album '{p['album']}' by "
-                f"{p['artist']}, in album order.")
+        return (
+            f"Create a private playlist named '{p['playlist']}' with all the songs of the album '{p['album']}' by "
+            f"{p['artist']}, in album order."
+        )
 
     def body(self, p):
-        return (f'artist = [a for a in all_pages(apis.music.search_artists, music_token, query={p["artist"]!r}) '
-                f'if a["name"] == {p["artist"]!r}][0]\n'
-                'songs = all_pages(apis.music.search_songs, music_token, artist_id=artist["id"])\n'
-                'albums = [apis.music.show_album(music_token, album_id=i) for i in sorted({s["album_id"] for s in songs})]\n'
-                f'album = [a for a in albums if a["title"] == {p["album"]!r}][0]\n'
-                f'pl = apis.music.create_playlist(music_token, name={p["playlist"]!r}, is_public=False)\n'
-                'for sid in album["song_ids"]:\n'
-                '    apis.music.add_song_to_playlist(music_token, playlist_id=pl["id"], song_id=sid)\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"artist = [a for a in all_pages(apis.music.search_artists, music_token, query={p['artist']!r}) "
+            f'if a["name"] == {p["artist"]!r}][0]\n'
+            'songs = all_pages(apis.music.search_songs, music_token, artist_id=artist["id"])\n'
+            "albums = [apis.music.show_album(music_token, album_id=i) "
+            'for i in sorted({s["album_id"] for s in songs})]\n'
+            f'album = [a for a in albums if a["title"] == {p["album"]!r}][0]\n'
+            f"pl = apis.music.create_playlist(music_token, name={p['playlist']!r}, is_public=False)\n"
+            'for sid in album["song_ids"]:\n'
+            '    apis.music.add_song_to_playlist(music_token, playlist_id=pl["id"], song_id=sid)\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "music.playlists", name=p["playlist"])
-        v.test("assert one playlist with the requested name was created", len(new) == 1,
-               f"playlists created: {[pl['name'] for pl in v.added('music.playlists')]}")
+        v.test(
+            "assert one playlist with the requested name was created",
+            len(new) == 1,
+            f"playlists created: {[pl['name'] for pl in v.added('music.playlists')]}",
+        )
         if len(new) == 1:
-            v.test("assert the new playlist holds exactly the album's songs, in album order",
-                   new[0]["song_ids"] == p["song_ids"], f"song_ids={new[0]['song_ids']}")
-            v.test("assert the new playlist is private", new[0]["is_public"] is False,
-                   f"is_public={new[0]['is_public']!r}")
+            v.test(
+                "assert the new playlist holds exactly the album's songs, in album order",
+                new[0]["song_ids"] == p["song_ids"],
+                f"song_ids={new[0]['song_ids']}",
+            )
+            v.test(
+                "assert the new playlist is private", new[0]["is_public"] is False, f"is_public={new[0]['is_public']!r}"
+            )
         return {"music.playlists": {"added": 1}}
 
 
@@ -441,9 +556,11 @@ class MusicPlaylistDurationQA(Template):
         return f"How long is my '{p['playlist']}' playlist in total, in minutes rounded to the nearest minute?"
 
     def body(self, p):
-        return (f'pl = [x for x in apis.music.show_playlists(music_token) if x["name"] == {p["playlist"]!r}][0]\n'
-                'songs = apis.music.show_playlist(music_token, playlist_id=pl["id"])["songs"]\n'
-                'apis.supervisor.complete_task(answer=round(sum(s["duration_s"] for s in songs) / 60))\n')
+        return (
+            f'pl = [x for x in apis.music.show_playlists(music_token) if x["name"] == {p["playlist"]!r}][0]\n'
+            'songs = apis.music.show_playlist(music_token, playlist_id=pl["id"])["songs"]\n'
+            'apis.supervisor.complete_task(answer=round(sum(s["duration_s"] for s in songs) / 60))\n'
+        )
 
     def check(self, v, p):
         return {}
@@ -468,24 +585,32 @@ class ShopSaveForLater(Template):
         return f"Save the '{p['product']}' for later in the shop, with the note '{p['note']}'."
 
     def body(self, p):
-        return (f'prod = [x for x in all_pages(apis.shop.search_products, shop_token, query={p["product"]!r}) '
-                f'if x["name"] == {p["product"]!r}][0]\n'
-                f'apis.shop.save_for_later(shop_token, product_id=prod["id"], note={p["note"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"prod = [x for x in all_pages(apis.shop.search_products, shop_token, query={p['product']!r}) "
+            f'if x["name"] == {p["product"]!r}][0]\n'
+            f'apis.shop.save_for_later(shop_token, product_id=prod["id"], note={p["note"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         added = [(s["product_id"], s["note"]) for s in v.added("shop.saved_for_later")]
-        v.test("assert the product was added, with the requested note, to the saved-for-later list of your account "
-               "(the logged-in user, not a guest session)", added == [(p["product_id"], p["note"])],
-               f"entries added to your account's saved-for-later list (product_id, note): {added}")
+        v.test(
+            "assert the product was added, with the requested note, to the saved-for-later list of your account "
+            "(the logged-in user, not a guest session)",
+            added == [(p["product_id"], p["note"])],
+            f"entries added to your account's saved-for-later list (product_id, note): {added}",
+        )
         return {"shop.saved_for_later": {"added": 1}}
 
 
 def _cart_deltas(v: Checker) -> dict[int, int]:
     before = {c["product_id"]: c["quantity"] for c in v.table("shop.cart", "before")}
     after = {c["product_id"]: c["quantity"] for c in v.table("shop.cart")}
-    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))
-            if after.get(k, 0) != before.get(k, 0)}
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in sorted(set(before) | set(after))
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 @register
@@ -502,20 +627,27 @@ class ShopAddByTag(Template):
         return {"brand": brand, "tag": tag, "max_price": limit, "expected": expected}
 
     def goal(self, p):
-        return (f"Add one of every in-stock {p['brand']} product tagged '{p['tag']}' that costs at most "
-                f"${p['max_price']} to my shop cart.")
+        return (
+            f"Add one of every in-stock {p['brand']} product tagged '{p['tag']}' that costs at most "
+            f"${p['max_price']} to my shop cart."
+        )
 
     def body(self, p):
-        return (f'for x in all_pages(apis.shop.search_products, shop_token, brand={p["brand"]!r}, tag={p["tag"]!r}, '
-                f'max_price={float(p["max_price"])!r}, in_stock=True):\n'
-                '    apis.shop.add_to_cart(shop_token, product_id=x["id"], quantity=1)\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"for x in all_pages(apis.shop.search_products, shop_token, brand={p['brand']!r}, tag={p['tag']!r}, "
+            f"max_price={float(p['max_price'])!r}, in_stock=True):\n"
+            '    apis.shop.add_to_cart(shop_token, product_id=x["id"], quantity=1)\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         d = _cart_deltas(v)
-        v.test("assert exactly one unit of each product matching the request (brand, tag, in stock, price limit) was "
-               "added to your cart, and nothing else", d == {i: 1 for i in p["expected"]},
-               f"cart changes (product_id: added quantity): {d}")
+        v.test(
+            "assert exactly one unit of each product matching the request (brand, tag, in stock, price limit) was "
+            "added to your cart, and nothing else",
+            d == {i: 1 for i in p["expected"]},
+            f"cart changes (product_id: added quantity): {d}",
+        )
         return {"shop.cart": "*"}
 
 
@@ -527,25 +659,34 @@ class ShopCheapestInCategory(Template):
         prods = [x for x in db["shop"]["products"] if x["in_stock"]]
         pairs = sorted({(x["category"], x["brand"]) for x in prods})
         cat, brand = rng.choice(pairs)
-        best = min((x for x in prods if x["category"] == cat and x["brand"] == brand), key=lambda x: (x["price"], x["id"]))
+        best = min(
+            (x for x in prods if x["category"] == cat and x["brand"] == brand), key=lambda x: (x["price"], x["id"])
+        )
         return {"category": cat, "brand": brand, "product_id": best["id"], "quantity": rng.randint(1, 3)}
 
     def goal(self, p):
-        return (f"Add {p['quantity']} of the cheapest in-stock {p['category'].lower()} product from {p['brand']} to my "
-                "shop cart.")
+        return (
+            f"Add {p['quantity']} of the cheapest in-stock {p['category'].lower()} product from {p['brand']} to my "
+            "shop cart."
+        )
 
     def body(self, p):
-        return (f'items = all_pages(apis.shop.search_products, shop_token, category={p["category"]!r}, '
-                f'brand={p["brand"]!r}, in_stock=True)\n'
-                'best = min(items, key=lambda x: x["price"])\n'
-                f'apis.shop.add_to_cart(shop_token, product_id=best["id"], quantity={p["quantity"]})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"items = all_pages(apis.shop.search_products, shop_token, category={p['category']!r}, "
+            f"brand={p['brand']!r}, in_stock=True)\n"
+            'best = min(items, key=lambda x: x["price"])\n'
+            f'apis.shop.add_to_cart(shop_token, product_id=best["id"], quantity={p["quantity"]})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         d = _cart_deltas(v)
-        v.test("assert the requested quantity of the cheapest matching product (category, brand, in stock) was added "
-               "to your cart, and nothing else", d == {p["product_id"]: p["quantity"]},
-               f"cart changes (product_id: added quantity): {d}")
+        v.test(
+            "assert the requested quantity of the cheapest matching product (category, brand, in stock) was added "
+            "to your cart, and nothing else",
+            d == {p["product_id"]: p["quantity"]},
+            f"cart changes (product_id: added quantity): {d}",
+        )
         return {"shop.cart": "*"}
 
 
@@ -555,17 +696,30 @@ class ShopDeliveredSpendQA(Template):
 
     def prepare(self, rng, db):
         since = data.date(rng, -100, -10)
-        return {"since": since, "answer": round(sum(o["total"] for o in db["shop"]["orders"]
-                                                    if o["status"] == "delivered" and o["placed_at"][:10] >= since), 2)}
+        return {
+            "since": since,
+            "answer": round(
+                sum(
+                    o["total"]
+                    for o in db["shop"]["orders"]
+                    if o["status"] == "delivered" and o["placed_at"][:10] >= since
+                ),
+                2,
+            ),
+        }
 
     def goal(self, p):
-        return (f"How much have I spent in total on shop orders placed on or after {p['since']} that have been "
-                "delivered? Answer in dollars.")
+        return (
+            f"How much have I spent in total on shop orders placed on or after {p['since']} that have been "
+            "delivered? Answer in dollars."
+        )
 
     def body(self, p):
-        return ('orders = all_pages(apis.shop.show_orders, shop_token, status="delivered")\n'
-                f'total = sum(o["total"] for o in orders if o["placed_at"][:10] >= {p["since"]!r})\n'
-                'apis.supervisor.complete_task(answer=round(total, 2))\n')
+        return (
+            'orders = all_pages(apis.shop.show_orders, shop_token, status="delivered")\n'
+            f'total = sum(o["total"] for o in orders if o["placed_at"][:10] >= {p["since"]!r})\n'
+            "apis.supervisor.complete_task(answer=round(total, 2))\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -589,14 +743,19 @@ class ShopCancelProcessing(Template):
         return "Cancel all of my shop orders that are still being processed."
 
     def body(self, p):
-        return ('for o in all_pages(apis.shop.show_orders, shop_token, status="processing"):\n'
-                '    apis.shop.cancel_order(shop_token, order_id=o["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            'for o in all_pages(apis.shop.show_orders, shop_token, status="processing"):\n'
+            '    apis.shop.cancel_order(shop_token, order_id=o["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = sorted(new["id"] for old, new in v.changed("shop.orders") if new["status"] == "cancelled")
-        v.test("assert exactly the orders that were still processing were cancelled", got == p["expected"],
-               f"order ids cancelled: {got}")
+        v.test(
+            "assert exactly the orders that were still processing were cancelled",
+            got == p["expected"],
+            f"order ids cancelled: {got}",
+        )
         return {"shop.orders": {"ids": {i: ("status",) for i in p["expected"]}}}
 
 
@@ -615,14 +774,19 @@ class ContactsUpdatePhone(Template):
         return f"{p['name']} has a new phone number: ({ph[:3]}) {ph[3:6]}-{ph[6:]}. Update it in my contacts."
 
     def body(self, p):
-        return (f'c = [x for x in all_pages(apis.contacts.search_contacts, contacts_token, query={p["name"]!r})][0]\n'
-                f'apis.contacts.update_contact(contacts_token, contact_id=c["id"], phone_number={p["phone"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"c = [x for x in all_pages(apis.contacts.search_contacts, contacts_token, query={p['name']!r})][0]\n"
+            f'apis.contacts.update_contact(contacts_token, contact_id=c["id"], phone_number={p["phone"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.record("contacts.contacts", p["contact_id"])["phone_number"]
-        v.test("assert the contact's phone number was changed to the new number", got == p["phone"],
-               f"phone_number={got!r}")
+        v.test(
+            "assert the contact's phone number was changed to the new number",
+            got == p["phone"],
+            f"phone_number={got!r}",
+        )
         return {"contacts.contacts": {"ids": {p["contact_id"]: ("phone_number",)}}}
 
 
@@ -639,8 +803,10 @@ class ContactsFamilyCountQA(Template):
         return f"How many of my contacts are {word[p['relationship']]}?"
 
     def body(self, p):
-        return (f'n = len(all_pages(apis.contacts.search_contacts, contacts_token, relationship={p["relationship"]!r}))\n'
-                'apis.supervisor.complete_task(answer=n)\n')
+        return (
+            f"n = len(all_pages(apis.contacts.search_contacts, contacts_token, relationship={p['relationship']!r}))\n"
+            "apis.supervisor.complete_task(answer=n)\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -649,8 +815,14 @@ class ContactsFamilyCountQA(Template):
         return _num(answer) == p["answer"]
 
 
-TEXTS = ["Running late, see you at 7.", "Can you pick up milk?", "Happy anniversary!", "The meeting moved to 3pm.",
-         "Thanks for the book!", "Call me when you land."]
+TEXTS = [
+    "Running late, see you at 7.",
+    "Can you pick up milk?",
+    "Happy anniversary!",
+    "The meeting moved to 3pm.",
+    "Thanks for the book!",
+    "Call me when you land.",
+]
 
 
 @register
@@ -665,14 +837,19 @@ class MessagesTextContact(Template):
         return f"Send {p['name']} a text message saying '{p['text']}'."
 
     def body(self, p):
-        return (f'c = all_pages(apis.contacts.search_contacts, contacts_token, query={p["name"]!r})[0]\n'
-                f'apis.messages.send_message(messages_token, phone_number=c["phone_number"], text={p["text"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"c = all_pages(apis.contacts.search_contacts, contacts_token, query={p['name']!r})[0]\n"
+            f'apis.messages.send_message(messages_token, phone_number=c["phone_number"], text={p["text"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         sent = [(m["phone_number"], m["text"]) for m in v.added("messages.messages")]
-        v.test("assert exactly one message with the requested text was sent, to the contact's phone number",
-               sent == [(p["phone"], p["text"])], f"messages sent (phone_number, text): {sent}")
+        v.test(
+            "assert exactly one message with the requested text was sent, to the contact's phone number",
+            sent == [(p["phone"], p["text"])],
+            f"messages sent (phone_number, text): {sent}",
+        )
         return {"messages.messages": {"added": 1}}
 
 
@@ -690,23 +867,31 @@ class MessagesMarkReadFrom(Template):
         unread_phones = sorted({m["phone_number"] for m in incoming if not m["read"]})
         phone = rng.choice(unread_phones)
         c = next(c for c in contacts if c["phone_number"] == phone)
-        return {"name": _names(c), "phone": phone,
-                "expected": sorted(m["id"] for m in msgs if m["phone_number"] == phone and not m["read"])}
+        return {
+            "name": _names(c),
+            "phone": phone,
+            "expected": sorted(m["id"] for m in msgs if m["phone_number"] == phone and not m["read"]),
+        }
 
     def goal(self, p):
         return f"Mark all unread messages from {p['name']} as read."
 
     def body(self, p):
-        return (f'c = all_pages(apis.contacts.search_contacts, contacts_token, query={p["name"]!r})[0]\n'
-                'for m in all_pages(apis.messages.search_messages, messages_token, phone_number=c["phone_number"], '
-                'unread_only=True):\n'
-                '    apis.messages.mark_message_read(messages_token, message_id=m["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"c = all_pages(apis.contacts.search_contacts, contacts_token, query={p['name']!r})[0]\n"
+            'for m in all_pages(apis.messages.search_messages, messages_token, phone_number=c["phone_number"], '
+            "unread_only=True):\n"
+            '    apis.messages.mark_message_read(messages_token, message_id=m["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         left = [m["id"] for m in v.table("messages.messages") if m["phone_number"] == p["phone"] and not m["read"]]
-        v.test("assert every message from the contact is marked as read", not left,
-               f"message ids from that number still unread: {left}")
+        v.test(
+            "assert every message from the contact is marked as read",
+            not left,
+            f"message ids from that number still unread: {left}",
+        )
         return {"messages.messages": {"ids": {i: ("read",) for i in p["expected"]}}}
 
 
@@ -724,34 +909,55 @@ class CalendarCreateEvent(Template):
 
     def prepare(self, rng, db):
         a, b = rng.sample(db["contacts"]["contacts"], 2)
-        return {"title": rng.choice(EVENTS), "date": data.date(rng, 1, 30),
-                "start_time": f"{rng.randint(8, 18):02d}:{rng.choice(['00', '30'])}",
-                "duration": rng.choice([30, 45, 60, 90]), "names": [_names(a), _names(b)],
-                "emails": sorted([a["email"], b["email"]])}
+        return {
+            "title": rng.choice(EVENTS),
+            "date": data.date(rng, 1, 30),
+            "start_time": f"{rng.randint(8, 18):02d}:{rng.choice(['00', '30'])}",
+            "duration": rng.choice([30, 45, 60, 90]),
+            "names": [_names(a), _names(b)],
+            "emails": sorted([a["email"], b["email"]]),
+        }
 
     def goal(self, p):
-        return (f"Schedule '{p['title']}' in my calendar on {p['date']} at {_h12(p['start_time'])} for {p['duration']} "
-                f"minutes, and invite {p['names'][0]} and {p['names'][1]}.")
+        return (
+            f"Schedule '{p['title']}' in my calendar on {p['date']} at {_h12(p['start_time'])} for {p['duration']} "
+            f"minutes, and invite {p['names'][0]} and {p['names'][1]}."
+        )
 
     def body(self, p):
-        return (f'emails = [all_pages(apis.contacts.search_contacts, contacts_token, query=n)[0]["email"] for n in {p["names"]!r}]\n'
-                f'apis.calendar.create_event(calendar_token, title={p["title"]!r}, date={p["date"]!r}, '
-                f'start_time={p["start_time"]!r}, duration_minutes={p["duration"]}, attendee_emails=emails)\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            'emails = [all_pages(apis.contacts.search_contacts, contacts_token, query=n)[0]["email"] '
+            f"for n in {p['names']!r}]\n"
+            f"apis.calendar.create_event(calendar_token, title={p['title']!r}, date={p['date']!r}, "
+            f"start_time={p['start_time']!r}, duration_minutes={p['duration']}, attendee_emails=emails)\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "calendar.events", title=p["title"])
-        v.test("assert one event with the requested title was created", len(new) == 1,
-               f"events created: {[e['title'] for e in v.added('calendar.events')]}")
+        v.test(
+            "assert one event with the requested title was created",
+            len(new) == 1,
+            f"events created: {[e['title'] for e in v.added('calendar.events')]}",
+        )
         if len(new) == 1:
             e = new[0]
             v.test("assert the event is on the requested date", e["date"] == p["date"], f"date={e['date']!r}")
-            v.test("assert the event starts at the requested time (HH:MM, 24-hour clock)",
-                   e["start_time"] == p["start_time"], f"start_time={e['start_time']!r}")
-            v.test("assert the event has the requested duration", e["duration_minutes"] == p["duration"],
-                   f"duration_minutes={e['duration_minutes']!r}")
-            v.test("assert the attendees are exactly the two requested contacts (by email)",
-                   sorted(e["attendee_emails"]) == p["emails"], f"attendee_emails={e['attendee_emails']!r}")
+            v.test(
+                "assert the event starts at the requested time (HH:MM, 24-hour clock)",
+                e["start_time"] == p["start_time"],
+                f"start_time={e['start_time']!r}",
+            )
+            v.test(
+                "assert the event has the requested duration",
+                e["duration_minutes"] == p["duration"],
+                f"duration_minutes={e['duration_minutes']!r}",
+            )
+            v.test(
+                "assert the attendees are exactly the two requested contacts (by email)",
+                sorted(e["attendee_emails"]) == p["emails"],
+                f"attendee_emails={e['attendee_emails']!r}",
+            )
         return {"calendar.events": {"added": 1}}
 
 
@@ -768,9 +974,11 @@ class CalendarCountQA(Template):
         return f"How many events do I have in my calendar from {p['start']} to {p['end']}, both days included?"
 
     def body(self, p):
-        return (f'n = len(all_pages(apis.calendar.search_events, calendar_token, start_date={p["start"]!r}, '
-                f'end_date={p["end"]!r}))\n'
-                'apis.supervisor.complete_task(answer=n)\n')
+        return (
+            f"n = len(all_pages(apis.calendar.search_events, calendar_token, start_date={p['start']!r}, "
+            f"end_date={p['end']!r}))\n"
+            "apis.supervisor.complete_task(answer=n)\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -789,22 +997,31 @@ class CalendarReschedule(Template):
         for e in evs:
             keys.setdefault((e["title"], e["date"]), []).append(e)
         e = rng.choice([g[0] for g in keys.values() if len(g) == 1])
-        return {"event_id": e["id"], "title": e["title"], "date": e["date"],
-                "new_date": data.add_days(e["date"], rng.choice([1, 2, 3, 7, 14]))}
+        return {
+            "event_id": e["id"],
+            "title": e["title"],
+            "date": e["date"],
+            "new_date": data.add_days(e["date"], rng.choice([1, 2, 3, 7, 14])),
+        }
 
     def goal(self, p):
         return f"Move my '{p['title']}' event on {p['date']} to {p['new_date']}, keeping the same time."
 
     def body(self, p):
-        return (f'e = [x for x in all_pages(apis.calendar.search_events, calendar_token, query={p["title"]!r}, '
-                f'start_date={p["date"]!r}, end_date={p["date"]!r}) if x["title"] == {p["title"]!r}][0]\n'
-                f'apis.calendar.update_event(calendar_token, event_id=e["id"], date={p["new_date"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"e = [x for x in all_pages(apis.calendar.search_events, calendar_token, query={p['title']!r}, "
+            f'start_date={p["date"]!r}, end_date={p["date"]!r}) if x["title"] == {p["title"]!r}][0]\n'
+            f'apis.calendar.update_event(calendar_token, event_id=e["id"], date={p["new_date"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.record("calendar.events", p["event_id"])
-        v.test("assert the event was moved to the requested date", got is not None and got["date"] == p["new_date"],
-               f"date={got['date'] if got else None!r}")
+        v.test(
+            "assert the event was moved to the requested date",
+            got is not None and got["date"] == p["new_date"],
+            f"date={got['date'] if got else None!r}",
+        )
         return {"calendar.events": {"ids": {p["event_id"]: ("date",)}}}
 
 
@@ -824,15 +1041,20 @@ class NewsReadArticle(Template):
         return f"Read the most recent article from {p['source']} in my news app."
 
     def body(self, p):
-        return (f'a = apis.news.search_articles(news_token, source={p["source"]!r}, page_limit=1)[0]\n'
-                'apis.news.show_article(news_token, article_id=a["id"])\n'
-                'apis.news.mark_article_read(news_token, article_id=a["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"a = apis.news.search_articles(news_token, source={p['source']!r}, page_limit=1)[0]\n"
+            'apis.news.show_article(news_token, article_id=a["id"])\n'
+            'apis.news.mark_article_read(news_token, article_id=a["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         newly = [new["id"] for old, new in v.changed("news.articles") if new["read"] and not old["read"]]
-        v.test("assert the requested article is marked as read in the database", newly == [p["article_id"]],
-               f"article ids newly marked as read: {newly}")
+        v.test(
+            "assert the requested article is marked as read in the database",
+            newly == [p["article_id"]],
+            f"article ids newly marked as read: {newly}",
+        )
         return {"news.articles": {"ids": {p["article_id"]: ("read",)}}}
 
 
@@ -842,20 +1064,28 @@ class NewsDefaultSection(Template):
 
     def prepare(self, rng, db):
         cur = db["news"]["preferences"][0]["default_section"]
-        return {"section": rng.choice([s for s in ("World", "Business", "Sports", "Science", "Technology", "Culture")
-                                       if s != cur])}
+        return {
+            "section": rng.choice(
+                [s for s in ("World", "Business", "Sports", "Science", "Technology", "Culture") if s != cur]
+            )
+        }
 
     def goal(self, p):
         return f"I want my news feed to open on the {p['section']} section by default from now on."
 
     def body(self, p):
-        return (f'apis.news.update_preferences(news_token, default_section={p["section"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"apis.news.update_preferences(news_token, default_section={p['section']!r})\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.table("news.preferences")[0]["default_section"]
-        v.test("assert the default feed section saved in your news preferences was changed as requested",
-               got == p["section"], f"saved default_section={got!r}")
+        v.test(
+            "assert the default feed section saved in your news preferences was changed as requested",
+            got == p["section"],
+            f"saved default_section={got!r}",
+        )
         return {"news.preferences": {"ids": {1: ("default_section",)}}}
 
 
@@ -868,30 +1098,46 @@ class NewsBookmarkSource(Template):
         pairs = sorted({(a["source"], a["section"]) for a in arts if not a["bookmarked"]})
         src, sec = rng.choice(pairs)
         ids = sorted(a["id"] for a in arts if a["source"] == src and a["section"] == sec)
-        return {"source": src, "section": sec, "ids": ids,
-                "new": [i for i in ids if not next(a for a in arts if a["id"] == i)["bookmarked"]]}
+        return {
+            "source": src,
+            "section": sec,
+            "ids": ids,
+            "new": [i for i in ids if not next(a for a in arts if a["id"] == i)["bookmarked"]],
+        }
 
     def goal(self, p):
         return f"Bookmark all {p['section']} articles from {p['source']}."
 
     def body(self, p):
-        return (f'for a in all_pages(apis.news.search_articles, news_token, source={p["source"]!r}, '
-                f'section={p["section"]!r}):\n'
-                '    if not a["bookmarked"]:\n'
-                '        apis.news.bookmark_article(news_token, article_id=a["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"for a in all_pages(apis.news.search_articles, news_token, source={p['source']!r}, "
+            f"section={p['section']!r}):\n"
+            '    if not a["bookmarked"]:\n'
+            '        apis.news.bookmark_article(news_token, article_id=a["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         missing = [i for i in p["ids"] if not v.record("news.articles", i)["bookmarked"]]
         added = [new["id"] for old, new in v.changed("news.articles") if new["bookmarked"] and not old["bookmarked"]]
-        v.test("assert every article matching the request (source and section) is bookmarked", not missing,
-               f"article ids you bookmarked: {added}")
+        v.test(
+            "assert every article matching the request (source and section) is bookmarked",
+            not missing,
+            f"article ids you bookmarked: {added}",
+        )
         return {"news.articles": {"ids": {i: ("bookmarked",) for i in p["new"]}}}
 
 
 # ==================================================== held-out apps (eval) ==================================
-DAY_NAMES = {"Mon": "Monday", "Tue": "Tuesday", "Wed": "Wednesday", "Thu": "Thursday", "Fri": "Friday",
-             "Sat": "Saturday", "Sun": "Sunday"}
+DAY_NAMES = {
+    "Mon": "Monday",
+    "Tue": "Tuesday",
+    "Wed": "Wednesday",
+    "Thu": "Thursday",
+    "Fri": "Friday",
+    "Sat": "Saturday",
+    "Sun": "Sunday",
+}
 
 
 @register
@@ -910,17 +1156,26 @@ class ClockAlarmTime(Template):
         return f"Change my '{p['label']}' alarm to {p['hour']}:{p['minute']:02d} {p['meridiem'].lower()}."
 
     def body(self, p):
-        return (f'a = [x for x in apis.clock.show_alarms(clock_token) if x["label"] == {p["label"]!r}][0]\n'
-                f'apis.clock.update_alarm(clock_token, alarm_id=a["id"], hour={p["hour"]}, minute={p["minute"]}, '
-                f'meridiem={p["meridiem"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f'a = [x for x in apis.clock.show_alarms(clock_token) if x["label"] == {p["label"]!r}][0]\n'
+            f'apis.clock.update_alarm(clock_token, alarm_id=a["id"], hour={p["hour"]}, minute={p["minute"]}, '
+            f"meridiem={p['meridiem']!r})\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         a = v.record("clock.alarms", p["alarm_id"])
-        v.test("assert the alarm's hour and minute were set as requested", (a["hour"], a["minute"]) ==
-               (p["hour"], p["minute"]), f"hour={a['hour']!r}, minute={a['minute']!r}")
-        v.test("assert the alarm's AM/PM marker was set as requested, as a valid Meridiem enum value ('AM' or 'PM', "
-               "case-sensitive)", a["meridiem"] == p["meridiem"], f"meridiem={a['meridiem']!r}")
+        v.test(
+            "assert the alarm's hour and minute were set as requested",
+            (a["hour"], a["minute"]) == (p["hour"], p["minute"]),
+            f"hour={a['hour']!r}, minute={a['minute']!r}",
+        )
+        v.test(
+            "assert the alarm's AM/PM marker was set as requested, as a valid Meridiem enum value ('AM' or 'PM', "
+            "case-sensitive)",
+            a["meridiem"] == p["meridiem"],
+            f"meridiem={a['meridiem']!r}",
+        )
         return {"clock.alarms": {"ids": {p["alarm_id"]: ("hour", "minute", "meridiem")}}}
 
 
@@ -929,24 +1184,38 @@ class ClockReminder(Template):
     name, apps = "clock_reminder", ("clock",)
 
     def prepare(self, rng, db):
-        return {"title": rng.choice(CHORES), "date": data.date(rng, 1, 20), "priority": rng.choice(clock.Priority.__args__)}
+        return {
+            "title": rng.choice(CHORES),
+            "date": data.date(rng, 1, 20),
+            "priority": rng.choice(clock.Priority.__args__),
+        }
 
     def goal(self, p):
         return f"Create a reminder '{p['title']}' for {p['date']} with {p['priority'].lower()} priority."
 
     def body(self, p):
-        return (f'apis.clock.create_reminder(clock_token, title={p["title"]!r}, date={p["date"]!r}, '
-                f'priority={p["priority"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"apis.clock.create_reminder(clock_token, title={p['title']!r}, date={p['date']!r}, "
+            f"priority={p['priority']!r})\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "clock.reminders", title=p["title"])
-        v.test("assert one reminder with the requested title was created", len(new) == 1,
-               f"reminders created: {[r['title'] for r in v.added('clock.reminders')]}")
+        v.test(
+            "assert one reminder with the requested title was created",
+            len(new) == 1,
+            f"reminders created: {[r['title'] for r in v.added('clock.reminders')]}",
+        )
         if len(new) == 1:
-            v.test("assert the reminder is on the requested date", new[0]["date"] == p["date"], f"date={new[0]['date']!r}")
-            v.test("assert the reminder has the requested Priority enum value", new[0]["priority"] == p["priority"],
-                   f"priority={new[0]['priority']!r}")
+            v.test(
+                "assert the reminder is on the requested date", new[0]["date"] == p["date"], f"date={new[0]['date']!r}"
+            )
+            v.test(
+                "assert the reminder has the requested Priority enum value",
+                new[0]["priority"] == p["priority"],
+                f"priority={new[0]['priority']!r}",
+            )
         return {"clock.reminders": {"added": 1}}
 
 
@@ -967,15 +1236,20 @@ class ClockDisableDay(Template):
         return f"Turn off all of my alarms that ring on {DAY_NAMES[p['day']]}s."
 
     def body(self, p):
-        return (f'for a in apis.clock.show_alarms(clock_token, enabled=True):\n'
-                f'    if {p["day"]!r} in a["days"]:\n'
-                '        apis.clock.set_alarm_enabled(clock_token, alarm_id=a["id"], enabled=False)\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"for a in apis.clock.show_alarms(clock_token, enabled=True):\n"
+            f'    if {p["day"]!r} in a["days"]:\n'
+            '        apis.clock.set_alarm_enabled(clock_token, alarm_id=a["id"], enabled=False)\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         still = [a["id"] for a in v.table("clock.alarms") if p["day"] in a["days"] and a["enabled"]]
-        v.test("assert every alarm that rings on the requested weekday is turned off", not still,
-               f"alarm ids for that day still enabled: {still}")
+        v.test(
+            "assert every alarm that rings on the requested weekday is turned off",
+            not still,
+            f"alarm ids for that day still enabled: {still}",
+        )
         return {"clock.alarms": {"ids": {i: ("enabled",) for i in p["expected"]}}}
 
 
@@ -991,13 +1265,15 @@ class FinanceSearch(Template):
         return f"Search for {p['query']} in the finance app."
 
     def body(self, p):
-        return (f'apis.finance.search(finance_token, query={p["query"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return f"apis.finance.search(finance_token, query={p['query']!r})\napis.supervisor.complete_task()\n"
 
     def check(self, v, p):
         qs = [h["query"] for h in v.added("finance.search_history")]
-        v.test("assert a search whose query contains the requested text was recorded in your search history",
-               any(p["query"].lower() in q.lower() for q in qs), f"queries added to the search history: {qs}")
+        v.test(
+            "assert a search whose query contains the requested text was recorded in your search history",
+            any(p["query"].lower() in q.lower() for q in qs),
+            f"queries added to the search history: {qs}",
+        )
         return {"finance.search_history": "*"}
 
 
@@ -1016,18 +1292,29 @@ class FinanceChartDefault(Template):
         return f"From now on, I want stock charts in the finance app to cover {HORIZON_WORDS[p['horizon']]} by default."
 
     def body(self, p):
-        return (f'apis.finance.set_default_chart_horizon(finance_token, horizon={p["horizon"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"apis.finance.set_default_chart_horizon(finance_token, horizon={p['horizon']!r})\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         got = v.table("finance.preferences")[0]["default_chart_horizon"]
-        v.test("assert the default chart horizon saved in your preferences was changed as requested",
-               got == p["horizon"], f"saved default_chart_horizon={got!r}")
+        v.test(
+            "assert the default chart horizon saved in your preferences was changed as requested",
+            got == p["horizon"],
+            f"saved default_chart_horizon={got!r}",
+        )
         return {"finance.preferences": {"ids": {1: ("default_chart_horizon",)}}}
 
 
-SECTOR_WORDS = {"Technology": "tech", "Energy": "energy", "Healthcare": "healthcare", "Finance": "financial",
-                "Consumer": "consumer", "Industrials": "industrial"}
+SECTOR_WORDS = {
+    "Technology": "tech",
+    "Energy": "energy",
+    "Healthcare": "healthcare",
+    "Finance": "financial",
+    "Consumer": "consumer",
+    "Industrials": "industrial",
+}
 
 
 @register
@@ -1042,22 +1329,29 @@ class FinanceWatchlistSector(Template):
         return {"sector": sector, "exchange": exch, "symbols": syms, "new": [s for s in syms if s not in watched]}
 
     def goal(self, p):
-        return (f"Add every {SECTOR_WORDS[p['sector']]} stock traded on the {p['exchange']} to my watchlist, unless "
-                "it is already there.")
+        return (
+            f"Add every {SECTOR_WORDS[p['sector']]} stock traded on the {p['exchange']} to my watchlist, unless "
+            "it is already there."
+        )
 
     def body(self, p):
-        return ('watched = {s["symbol"] for s in apis.finance.show_watchlist(finance_token)}\n'
-                f'for s in all_pages(apis.finance.search_tickers, finance_token, sector={p["sector"]!r}, '
-                f'exchange={p["exchange"]!r}):\n'
-                '    if s["symbol"] not in watched:\n'
-                '        apis.finance.add_to_watchlist(finance_token, symbol=s["symbol"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            'watched = {s["symbol"] for s in apis.finance.show_watchlist(finance_token)}\n'
+            f"for s in all_pages(apis.finance.search_tickers, finance_token, sector={p['sector']!r}, "
+            f"exchange={p['exchange']!r}):\n"
+            '    if s["symbol"] not in watched:\n'
+            '        apis.finance.add_to_watchlist(finance_token, symbol=s["symbol"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         on = {w["symbol"] for w in v.table("finance.watchlist")}
         added = [w["symbol"] for w in v.added("finance.watchlist")]
-        v.test("assert every stock matching the request (sector and exchange) is on your watchlist",
-               set(p["symbols"]) <= on, f"symbols you added to the watchlist: {added}")
+        v.test(
+            "assert every stock matching the request (sector and exchange) is on your watchlist",
+            set(p["symbols"]) <= on,
+            f"symbols you added to the watchlist: {added}",
+        )
         return {"finance.watchlist": {"added": len(p["new"])}}
 
 
@@ -1073,8 +1367,10 @@ class FinancePortfolioQA(Template):
         return "What is the total current value of my stock portfolio, in dollars?"
 
     def body(self, p):
-        return ('apis.supervisor.complete_task(answer=round(sum(h["value"] for h in '
-                'apis.finance.show_portfolio(finance_token)), 2))\n')
+        return (
+            'apis.supervisor.complete_task(answer=round(sum(h["value"] for h in '
+            "apis.finance.show_portfolio(finance_token)), 2))\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -1092,29 +1388,37 @@ class TrailsBookmark(Template):
         trails = db["trails"]["trails"]
         marked = {b["trail_id"] for b in db["trails"]["bookmarks"]}
         loc, act = rng.choice(sorted({(t["location"], t["activity"]) for t in trails}))
-        lengths = sorted(t["length_km"] for t in trails
-                         if t["location"] == loc and t["activity"] == act and t["id"] not in marked)
+        lengths = sorted(
+            t["length_km"] for t in trails if t["location"] == loc and t["activity"] == act and t["id"] not in marked
+        )
         km = int(rng.choice(lengths)) + 1
         ids = sorted(t["id"] for t in trails if t["location"] == loc and t["activity"] == act and t["length_km"] <= km)
         return {"location": loc, "activity": act, "max_km": km, "ids": ids, "new": [i for i in ids if i not in marked]}
 
     def goal(self, p):
-        return (f"Bookmark all the {p['activity'].lower()} trails in {p['location']} that are at most {p['max_km']} km "
-                "long.")
+        return (
+            f"Bookmark all the {p['activity'].lower()} trails in {p['location']} that are at most {p['max_km']} km "
+            "long."
+        )
 
     def body(self, p):
-        return ('marked = {t["id"] for t in apis.trails.show_bookmarks(trails_token)}\n'
-                f'for t in all_pages(apis.trails.search_trails, trails_token, location={p["location"]!r}, '
-                f'activity={p["activity"]!r}, max_length_km={float(p["max_km"])!r}):\n'
-                '    if t["id"] not in marked:\n'
-                '        apis.trails.bookmark_trail(trails_token, trail_id=t["id"])\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            'marked = {t["id"] for t in apis.trails.show_bookmarks(trails_token)}\n'
+            f"for t in all_pages(apis.trails.search_trails, trails_token, location={p['location']!r}, "
+            f"activity={p['activity']!r}, max_length_km={float(p['max_km'])!r}):\n"
+            '    if t["id"] not in marked:\n'
+            '        apis.trails.bookmark_trail(trails_token, trail_id=t["id"])\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         on = {b["trail_id"] for b in v.table("trails.bookmarks")}
         added = [b["trail_id"] for b in v.added("trails.bookmarks")]
-        v.test("assert every trail matching the request (location, activity, length) is bookmarked",
-               set(p["ids"]) <= on, f"trail ids you bookmarked: {added}")
+        v.test(
+            "assert every trail matching the request (location, activity, length) is bookmarked",
+            set(p["ids"]) <= on,
+            f"trail ids you bookmarked: {added}",
+        )
         return {"trails.bookmarks": {"added": len(p["new"])}}
 
 
@@ -1132,9 +1436,11 @@ class TrailsCountQA(Template):
         return f"How many {p['difficulty'].lower()} {p['activity'].lower()} trails are there in {p['location']}?"
 
     def body(self, p):
-        return (f'n = len(all_pages(apis.trails.search_trails, trails_token, location={p["location"]!r}, '
-                f'activity={p["activity"]!r}, difficulty={p["difficulty"]!r}))\n'
-                'apis.supervisor.complete_task(answer=n)\n')
+        return (
+            f"n = len(all_pages(apis.trails.search_trails, trails_token, location={p['location']!r}, "
+            f"activity={p['activity']!r}, difficulty={p['difficulty']!r}))\n"
+            "apis.supervisor.complete_task(answer=n)\n"
+        )
 
     def check(self, v, p):
         return {}
@@ -1149,25 +1455,38 @@ class RecipesMealPlan(Template):
 
     def prepare(self, rng, db):
         r = rng.choice(db["recipes"]["recipes"])
-        return {"recipe_id": r["id"], "title": r["title"], "date": data.date(rng, 1, 14),
-                "meal": rng.choice(["Breakfast", "Lunch", "Dinner"])}
+        return {
+            "recipe_id": r["id"],
+            "title": r["title"],
+            "date": data.date(rng, 1, 14),
+            "meal": rng.choice(["Breakfast", "Lunch", "Dinner"]),
+        }
 
     def goal(self, p):
         return f"Plan the '{p['title']}' recipe for {p['meal'].lower()} on {p['date']}."
 
     def body(self, p):
-        return (f'r = [x for x in all_pages(apis.recipes.search_recipes, recipes_token, query={p["title"]!r}) '
-                f'if x["title"] == {p["title"]!r}][0]\n'
-                f'apis.recipes.add_to_meal_plan(recipes_token, recipe_id=r["id"], date={p["date"]!r}, meal={p["meal"]!r})\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"r = [x for x in all_pages(apis.recipes.search_recipes, recipes_token, query={p['title']!r}) "
+            f'if x["title"] == {p["title"]!r}][0]\n'
+            f'apis.recipes.add_to_meal_plan(recipes_token, recipe_id=r["id"], date={p["date"]!r}, meal={p["meal"]!r})\n'
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         new = _added_with(v, "recipes.meal_plan", recipe_id=p["recipe_id"], date=p["date"])
-        v.test("assert one meal plan entry for the requested recipe and date was added", len(new) == 1,
-               f"entries added (recipe_id, date): {[(e['recipe_id'], e['date']) for e in v.added('recipes.meal_plan')]}")
+        v.test(
+            "assert one meal plan entry for the requested recipe and date was added",
+            len(new) == 1,
+            f"entries added (recipe_id, date): {[(e['recipe_id'], e['date']) for e in v.added('recipes.meal_plan')]}",
+        )
         if len(new) == 1:
-            v.test("assert the entry's meal was set as requested, as a valid Meal enum value (Breakfast, Lunch, Dinner; "
-                   "case-sensitive)", new[0]["meal"] == p["meal"], f"meal={new[0]['meal']!r}")
+            v.test(
+                "assert the entry's meal was set as requested, as a valid Meal enum value (Breakfast, Lunch, Dinner; "
+                "case-sensitive)",
+                new[0]["meal"] == p["meal"],
+                f"meal={new[0]['meal']!r}",
+            )
         return {"recipes.meal_plan": {"added": 1}}
 
 
@@ -1178,26 +1497,34 @@ class RecipesShoppingFromRecipe(Template):
     def prepare(self, rng, db):
         have = {s["item"] for s in db["recipes"]["shopping_list"]}
         r = rng.choice([r for r in db["recipes"]["recipes"] if not set(r["ingredients"]) <= have])
-        return {"title": r["title"], "ingredients": r["ingredients"],
-                "new": [i for i in r["ingredients"] if i not in have]}
+        return {
+            "title": r["title"],
+            "ingredients": r["ingredients"],
+            "new": [i for i in r["ingredients"] if i not in have],
+        }
 
     def goal(self, p):
         return f"Add the ingredients of the '{p['title']}' recipe that are not on my shopping list yet to it."
 
     def body(self, p):
-        return (f'r = [x for x in all_pages(apis.recipes.search_recipes, recipes_token, query={p["title"]!r}) '
-                f'if x["title"] == {p["title"]!r}][0]\n'
-                'have = {s["item"] for s in apis.recipes.show_shopping_list(recipes_token)}\n'
-                'for item in r["ingredients"]:\n'
-                '    if item not in have:\n'
-                '        apis.recipes.add_shopping_item(recipes_token, item=item)\n'
-                'apis.supervisor.complete_task()\n')
+        return (
+            f"r = [x for x in all_pages(apis.recipes.search_recipes, recipes_token, query={p['title']!r}) "
+            f'if x["title"] == {p["title"]!r}][0]\n'
+            'have = {s["item"] for s in apis.recipes.show_shopping_list(recipes_token)}\n'
+            'for item in r["ingredients"]:\n'
+            "    if item not in have:\n"
+            "        apis.recipes.add_shopping_item(recipes_token, item=item)\n"
+            "apis.supervisor.complete_task()\n"
+        )
 
     def check(self, v, p):
         items = {s["item"] for s in v.table("recipes.shopping_list")}
         added = [s["item"] for s in v.added("recipes.shopping_list")]
-        v.test("assert every ingredient of the recipe is on the shopping list", set(p["ingredients"]) <= items,
-               f"items you added: {added}")
+        v.test(
+            "assert every ingredient of the recipe is on the shopping list",
+            set(p["ingredients"]) <= items,
+            f"items you added: {added}",
+        )
         return {"recipes.shopping_list": {"added": len(p["new"])}}
 
 

@@ -89,27 +89,44 @@ class Checker:
                 fields = ids.get(old["id"]) if old["id"] in ids else ()
                 if fields == "*":
                     continue
-                bad = {k: (old.get(k), new.get(k)) for k in set(old) | set(new)
-                       if old.get(k) != new.get(k) and k not in fields}
+                bad = {
+                    k: (old.get(k), new.get(k))
+                    for k in set(old) | set(new)
+                    if old.get(k) != new.get(k) and k not in fields
+                }
                 if bad:
-                    extra.append(f"{key}: record {old['id']} changed " +
-                                 ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(bad.items())))
-        self.test("assert no other changes were made to the database than the ones the task asks for "
-                  "(no collateral changes)", not extra, "unexpected changes:\n" + "\n".join(extra[:8]))
+                    extra.append(
+                        f"{key}: record {old['id']} changed "
+                        + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(bad.items()))
+                    )
+        self.test(
+            "assert no other changes were made to the database than the ones the task asks for (no collateral changes)",
+            not extra,
+            "unexpected changes:\n" + "\n".join(extra[:8]),
+        )
 
     def finish(self, qa: bool, answer_ok: bool | None, allowed: Mapping[str, Any]) -> Verdict:
         """Adds the standard tests and builds the Verdict."""
         w = self.world
         tests, self.tests = self.tests, []
-        self.test("assert the task was marked as completed with apis.supervisor.complete_task", w.completed,
-                  "complete_task was not called successfully")
+        self.test(
+            "assert the task was marked as completed with apis.supervisor.complete_task",
+            w.completed,
+            "complete_task was not called successfully",
+        )
         self.tests += tests
         if qa:
-            self.test("assert the answer passed to apis.supervisor.complete_task(answer=...) is correct",
-                      bool(answer_ok), f"answer={w.answer!r}")
+            self.test(
+                "assert the answer passed to apis.supervisor.complete_task(answer=...) is correct",
+                bool(answer_ok),
+                f"answer={w.answer!r}",
+            )
         else:
-            self.test("assert apis.supervisor.complete_task was called without an answer, since this task asks "
-                      "no question", w.answer is None, f"answer={w.answer!r}")
+            self.test(
+                "assert apis.supervisor.complete_task was called without an answer, since this task asks no question",
+                w.answer is None,
+                f"answer={w.answer!r}",
+            )
         self.no_other_changes(allowed)
         return report(self.tests)
 
@@ -118,8 +135,12 @@ def report(tests: list[_Test]) -> Verdict:
     """The AppWorld-style report text and the Verdict."""
     passed = [t for t in tests if t.ok]
     failed = [t for t in tests if not t.ok]
-    lines = [f"{RULE} Overall Stats {RULE}", f"Num Passed Tests : {len(passed)}",
-             f"Num Failed Tests : {len(failed)}", f"Num Total  Tests : {len(tests)}"]
+    lines = [
+        f"{RULE} Overall Stats {RULE}",
+        f"Num Passed Tests : {len(passed)}",
+        f"Num Failed Tests : {len(failed)}",
+        f"Num Total  Tests : {len(tests)}",
+    ]
     if passed:
         lines.append(f"{RULE} Passes {RULE}")
         for t in passed:
@@ -128,5 +149,10 @@ def report(tests: list[_Test]) -> Verdict:
         lines.append(f"{RULE} Fails {RULE}")
         for t in failed:
             lines += [">> Failed Requirement", t.requirement, "----------", f"AssertionError: got {t.got}", ""]
-    return Verdict(success=not failed, report="\n".join(lines).rstrip() + "\n", num_passed=len(passed),
-                   num_tests=len(tests), failures=tuple(t.requirement for t in failed))
+    return Verdict(
+        success=not failed,
+        report="\n".join(lines).rstrip() + "\n",
+        num_passed=len(passed),
+        num_tests=len(tests),
+        failures=tuple(t.requirement for t in failed),
+    )

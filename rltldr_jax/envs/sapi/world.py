@@ -56,9 +56,17 @@ class Param:
     doc: str = ""
 
     def type_name(self) -> str:
-        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",
-                "list[str]": "list[string]", "list[int]": "list[integer]", "enum": "enum",
-                "any": "string | number | list"}[self.kind]
+        return {
+            "str": "string",
+            "int": "integer",
+            "float": "number",
+            "bool": "boolean",
+            "dict": "object",
+            "list[str]": "list[string]",
+            "list[int]": "list[integer]",
+            "enum": "enum",
+            "any": "string | number | list",
+        }[self.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +82,11 @@ class ApiSpec:
     fn: Callable[..., Any]
 
     def signature(self) -> str:
-        parts = ["access_token, /"] if self.auth == "required" else (
-            ["access_token=None, /"] if self.auth == "optional" else [])
+        parts = (
+            ["access_token, /"]
+            if self.auth == "required"
+            else (["access_token=None, /"] if self.auth == "optional" else [])
+        )
         for p in self.params:
             parts.append(p.name if p.required else f"{p.name}={p.default!r}")
         return f"apis.{self.app}.{self.name}({', '.join(parts)})"
@@ -84,23 +95,35 @@ class ApiSpec:
         """The api_docs entry (what `show_api_doc` returns)."""
         params = []
         if self.auth != "none":
-            params.append({
-                "name": "access_token", "type": "string", "required": self.auth == "required",
-                "position": "first positional argument (never a keyword argument)",
-                "description": f"Access token from apis.{self.app}.login(username, password)."
-                + (" Without it the call acts on an anonymous guest session, not your account."
-                   if self.auth == "optional" else ""),
-            })
+            params.append(
+                {
+                    "name": "access_token",
+                    "type": "string",
+                    "required": self.auth == "required",
+                    "position": "first positional argument (never a keyword argument)",
+                    "description": f"Access token from apis.{self.app}.login(username, password)."
+                    + (
+                        " Without it the call acts on an anonymous guest session, not your account."
+                        if self.auth == "optional"
+                        else ""
+                    ),
+                }
+            )
         for p in self.params:
-            d: dict[str, Any] = {"name": p.name, "type": p.type_name(), "required": p.required,
-                                 "description": p.doc}
+            d: dict[str, Any] = {"name": p.name, "type": p.type_name(), "required": p.required, "description": p.doc}
             if not p.required:
                 d["default"] = p.default
             if p.kind == "enum":
                 d["constraints"] = f"value in {list(p.choices)} (case-sensitive)"
             params.append(d)
-        return {"app_name": self.app, "api_name": self.name, "signature": self.signature(),
-                "description": self.description, "parameters": params, "returns": self.returns}
+        return {
+            "app_name": self.app,
+            "api_name": self.name,
+            "signature": self.signature(),
+            "description": self.description,
+            "parameters": params,
+            "returns": self.returns,
+        }
 
 
 _DOC_ARG = re.compile(r"^\s{2,}(\w+):\s*(.*)$")
@@ -115,7 +138,7 @@ def _parse_doc(doc: str) -> tuple[str, dict[str, str], str]:
         if s == "Args:":
             section = "args"
         elif s.startswith("Returns:"):
-            section, rest = "returns", s[len("Returns:"):].strip()
+            section, rest = "returns", s[len("Returns:") :].strip()
             returns += [rest] if rest else []
         elif section == "desc":
             desc.append(s)
@@ -169,8 +192,11 @@ class App:
             for name, p in list(inspect.signature(fn).parameters.items())[1:]:
                 kind, nullable, choices = _param_kind(hints[name])
                 required = p.default is inspect.Parameter.empty
-                params.append(Param(name, kind, required, None if required else p.default, nullable, choices,
-                                    arg_docs.get(name, "")))
+                params.append(
+                    Param(
+                        name, kind, required, None if required else p.default, nullable, choices, arg_docs.get(name, "")
+                    )
+                )
             self.apis[fn.__name__] = ApiSpec(self.name, fn.__name__, auth, tuple(params), desc, returns, fn)
             return fn
 
@@ -238,10 +264,16 @@ def _bad_value(spec: ApiSpec, p: Param, v: Any) -> ApiError:
         if isinstance(v, str):
             near = [c for c in p.choices if isinstance(c, str) and c.lower() == v.lower()]
             hint = " Enum values are case-sensitive." if near else ""
-        return ApiError(422, f"Invalid value {v!r} for parameter '{p.name}' of {spec.app}.{spec.name}: "
-                             f"must be one of {list(p.choices)}.{hint}")
-    return ApiError(422, f"Invalid type for parameter '{p.name}' of {spec.app}.{spec.name}: expected "
-                         f"{p.type_name()}{' or null' if p.nullable else ''}, got {type(v).__name__} ({v!r}).")
+        return ApiError(
+            422,
+            f"Invalid value {v!r} for parameter '{p.name}' of {spec.app}.{spec.name}: "
+            f"must be one of {list(p.choices)}.{hint}",
+        )
+    return ApiError(
+        422,
+        f"Invalid type for parameter '{p.name}' of {spec.app}.{spec.name}: expected "
+        f"{p.type_name()}{' or null' if p.nullable else ''}, got {type(v).__name__} ({v!r}).",
+    )
 
 
 @dataclasses.dataclass
@@ -291,22 +323,34 @@ class World:
         if len(self.log) > self.max_calls:
             raise ApiError(429, f"Too many API calls in this task (limit {self.max_calls}).")
         if rec.app not in self.apps:
-            raise ApiError(404, f"No app named {rec.app!r}. Available apps: {sorted(self.apps)}. "
-                                "See apis.api_docs.show_app_descriptions().")
+            raise ApiError(
+                404,
+                f"No app named {rec.app!r}. Available apps: {sorted(self.apps)}. "
+                "See apis.api_docs.show_app_descriptions().",
+            )
         app = self.apps[rec.app]
         spec = app.apis.get(rec.api)
         if spec is None:
-            raise ApiError(404, f"No API named {rec.api!r} in app {rec.app!r}. "
-                                f"See apis.api_docs.show_api_descriptions(app_name={rec.app!r}).")
+            raise ApiError(
+                404,
+                f"No API named {rec.api!r} in app {rec.app!r}. "
+                f"See apis.api_docs.show_api_descriptions(app_name={rec.app!r}).",
+            )
         args, kwargs = list(rec.args), dict(rec.kwargs)
         user = None
         if spec.auth != "none":
             if "access_token" in kwargs:
-                raise ApiError(422, f"{rec.app}.{rec.api}: pass the access token as the first positional "
-                                    "argument, not as the keyword argument 'access_token'.")
+                raise ApiError(
+                    422,
+                    f"{rec.app}.{rec.api}: pass the access token as the first positional "
+                    "argument, not as the keyword argument 'access_token'.",
+                )
             if spec.auth == "required" and not args:
-                raise ApiError(401, f"{rec.app}.{rec.api} requires an access token as its first positional "
-                                    f"argument; get one with apis.{rec.app}.login(username, password).")
+                raise ApiError(
+                    401,
+                    f"{rec.app}.{rec.api} requires an access token as its first positional "
+                    f"argument; get one with apis.{rec.app}.login(username, password).",
+                )
             if args:
                 token = args.pop(0)
                 owner = self.tokens.get(token) if isinstance(token, str) else None
@@ -316,13 +360,15 @@ class World:
         rec.user = user
         names = [p.name for p in spec.params]
         if len(args) > len(names):
-            raise ApiError(422, f"{rec.app}.{rec.api} takes at most {len(names)} positional arguments after the "
-                                f"access token ({', '.join(names) or 'none'}); got {len(args)}.")
-        bound: dict[str, Any] = dict(zip(names, args))
+            raise ApiError(
+                422,
+                f"{rec.app}.{rec.api} takes at most {len(names)} positional arguments after the "
+                f"access token ({', '.join(names) or 'none'}); got {len(args)}.",
+            )
+        bound: dict[str, Any] = dict(zip(names, args, strict=False))
         for k, v in kwargs.items():
             if k not in names:
-                raise ApiError(422, f"Unexpected parameter {k!r} for {rec.app}.{rec.api}. "
-                                    f"Valid parameters: {names}.")
+                raise ApiError(422, f"Unexpected parameter {k!r} for {rec.app}.{rec.api}. Valid parameters: {names}.")
             if k in bound:
                 raise ApiError(422, f"Parameter {k!r} of {rec.app}.{rec.api} was given twice.")
             bound[k] = v
@@ -350,8 +396,9 @@ class World:
         return copy.deepcopy(self.db)
 
 
-def diff(before: Mapping[str, Mapping[str, list[dict]]], after: Mapping[str, Mapping[str, list[dict]]]
-         ) -> dict[str, dict[str, list[Any]]]:
+def diff(
+    before: Mapping[str, Mapping[str, list[dict]]], after: Mapping[str, Mapping[str, list[dict]]]
+) -> dict[str, dict[str, list[Any]]]:
     """Record-level changes per "app.table": {"added": [rec], "removed": [rec], "changed": [(old, new)]}."""
     out: dict[str, dict[str, list[Any]]] = {}
     for app in sorted(set(before) | set(after)):
@@ -359,8 +406,11 @@ def diff(before: Mapping[str, Mapping[str, list[dict]]], after: Mapping[str, Map
         for table in sorted(set(b_app) | set(a_app)):
             b = {r["id"]: r for r in b_app.get(table, [])}
             a = {r["id"]: r for r in a_app.get(table, [])}
-            d = {"added": [a[i] for i in a if i not in b], "removed": [b[i] for i in b if i not in a],
-                 "changed": [(b[i], a[i]) for i in a if i in b and a[i] != b[i]]}
+            d = {
+                "added": [a[i] for i in a if i not in b],
+                "removed": [b[i] for i in b if i not in a],
+                "changed": [(b[i], a[i]) for i in a if i in b and a[i] != b[i]],
+            }
             if any(d.values()):
                 out[f"{app}.{table}"] = d
     return out

@@ -32,8 +32,10 @@ def show_app_descriptions(ctx: Ctx) -> dict[str, Any]:
 
     Returns: {"conventions": str, "apps": [{"name", "description"}]}.
     """
-    return {"conventions": CONVENTIONS,
-            "apps": [{"name": a.name, "description": a.description} for a in ctx.world.apps.values()]}
+    return {
+        "conventions": CONVENTIONS,
+        "apps": [{"name": a.name, "description": a.description} for a in ctx.world.apps.values()],
+    }
 
 
 @app.api(auth="none")

@@ -10,8 +10,21 @@ from ..data import ch, ri
 from ..world import ApiError, App, Ctx, page
 from .common import add_account_apis, contains
 
-EVENT_NAMES = ["Dentist", "Team sync", "Yoga", "Book club", "Project review", "Lunch", "Piano lesson",
-               "Budget meeting", "Haircut", "Board games", "Soccer practice", "Vet visit", "Design critique"]
+EVENT_NAMES = [
+    "Dentist",
+    "Team sync",
+    "Yoga",
+    "Book club",
+    "Project review",
+    "Lunch",
+    "Piano lesson",
+    "Budget meeting",
+    "Haircut",
+    "Board games",
+    "Soccer practice",
+    "Vet visit",
+    "Design critique",
+]
 
 
 def build(seed: int) -> dict[str, list[dict]]:
@@ -19,16 +32,27 @@ def build(seed: int) -> dict[str, list[dict]]:
     ppl = data.people(seed)
     events = []
     for i in range(ri(rng, 16, 28)):
-        events.append({"id": i + 1, "title": ch(rng, EVENT_NAMES), "date": data.date(rng, -20, 40),
-                       "start_time": f"{ri(rng, 8, 19):02d}:{ch(rng, ['00', '30'])}",
-                       "duration_minutes": ch(rng, [30, 45, 60, 90]),
-                       "location": ch(rng, ["Office", "Home", "Cafe", "Gym", "Online", ""]),
-                       "attendee_emails": [p["email"] for p in rng.sample(ppl[:20], ri(rng, 0, 3))]})
+        events.append(
+            {
+                "id": i + 1,
+                "title": ch(rng, EVENT_NAMES),
+                "date": data.date(rng, -20, 40),
+                "start_time": f"{ri(rng, 8, 19):02d}:{ch(rng, ['00', '30'])}",
+                "duration_minutes": ch(rng, [30, 45, 60, 90]),
+                "location": ch(rng, ["Office", "Home", "Cafe", "Gym", "Online", ""]),
+                "attendee_emails": [p["email"] for p in rng.sample(ppl[:20], ri(rng, 0, 3))],
+            }
+        )
     return {"events": events}
 
 
-app = add_account_apis(App("calendar", "Your calendar: events with date, start time, duration, location and "
-                                       "attendees (identified by email).", build))
+app = add_account_apis(
+    App(
+        "calendar",
+        "Your calendar: events with date, start time, duration, location and attendees (identified by email).",
+        build,
+    )
+)
 
 
 def _time_ok(t: str) -> bool:
@@ -36,8 +60,15 @@ def _time_ok(t: str) -> bool:
 
 
 @app.api()
-def search_events(ctx: Ctx, query: str = "", start_date: str | None = None, end_date: str | None = None,
-                  attendee_email: str | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_events(
+    ctx: Ctx,
+    query: str = "",
+    start_date: str | None = None,
+    end_date: str | None = None,
+    attendee_email: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches events, in date and time order.
 
     Args:
@@ -50,10 +81,14 @@ def search_events(ctx: Ctx, query: str = "", start_date: str | None = None, end_
     Returns: a list of events {"id", "title", "date", "start_time", "duration_minutes", "location",
       "attendee_emails"}.
     """
-    hits = [e for e in sorted(ctx.db["events"], key=lambda e: (e["date"], e["start_time"], e["id"]))
-            if contains(e["title"], query) and (start_date is None or e["date"] >= start_date)
-            and (end_date is None or e["date"] <= end_date)
-            and (attendee_email is None or attendee_email in e["attendee_emails"])]
+    hits = [
+        e
+        for e in sorted(ctx.db["events"], key=lambda e: (e["date"], e["start_time"], e["id"]))
+        if contains(e["title"], query)
+        and (start_date is None or e["date"] >= start_date)
+        and (end_date is None or e["date"] <= end_date)
+        and (attendee_email is None or attendee_email in e["attendee_emails"])
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -69,8 +104,15 @@ def show_event(ctx: Ctx, event_id: int) -> dict[str, Any]:
 
 
 @app.api()
-def create_event(ctx: Ctx, title: str, date: str, start_time: str, duration_minutes: int = 60,
-                 location: str = "", attendee_emails: list[str] | None = None) -> dict[str, Any]:
+def create_event(
+    ctx: Ctx,
+    title: str,
+    date: str,
+    start_time: str,
+    duration_minutes: int = 60,
+    location: str = "",
+    attendee_emails: list[str] | None = None,
+) -> dict[str, Any]:
     """Creates an event.
 
     Args:
@@ -84,16 +126,29 @@ def create_event(ctx: Ctx, title: str, date: str, start_time: str, duration_minu
     """
     if not _time_ok(start_time):
         raise ApiError(422, "start_time must be HH:MM (24-hour clock).")
-    e = {"id": ctx.new_id("events"), "title": title, "date": date, "start_time": start_time,
-         "duration_minutes": duration_minutes, "location": location, "attendee_emails": list(attendee_emails or [])}
+    e = {
+        "id": ctx.new_id("events"),
+        "title": title,
+        "date": date,
+        "start_time": start_time,
+        "duration_minutes": duration_minutes,
+        "location": location,
+        "attendee_emails": list(attendee_emails or []),
+    }
     ctx.db["events"].append(e)
     return e
 
 
 @app.api()
-def update_event(ctx: Ctx, event_id: int, title: str | None = None, date: str | None = None,
-                 start_time: str | None = None, duration_minutes: int | None = None,
-                 location: str | None = None) -> dict[str, Any]:
+def update_event(
+    ctx: Ctx,
+    event_id: int,
+    title: str | None = None,
+    date: str | None = None,
+    start_time: str | None = None,
+    duration_minutes: int | None = None,
+    location: str | None = None,
+) -> dict[str, Any]:
     """Edits an event (fields left out stay as they are).
 
     Args:
@@ -108,8 +163,13 @@ def update_event(ctx: Ctx, event_id: int, title: str | None = None, date: str | 
     e = ctx.get("events", event_id, "event")
     if start_time is not None and not _time_ok(start_time):
         raise ApiError(422, "start_time must be HH:MM (24-hour clock).")
-    for k, v in (("title", title), ("date", date), ("start_time", start_time), ("duration_minutes", duration_minutes),
-                 ("location", location)):
+    for k, v in (
+        ("title", title),
+        ("date", date),
+        ("start_time", start_time),
+        ("duration_minutes", duration_minutes),
+        ("location", location),
+    ):
         if v is not None:
             e[k] = v
     return e

@@ -20,16 +20,37 @@ def build(seed: int) -> dict[str, list[dict]]:
     rng = random.Random(f"clock/{seed}")
     alarms = []
     for i, label in enumerate(rng.sample(LABELS, 6)):
-        alarms.append({"id": i + 1, "label": label, "hour": ri(rng, 1, 12), "minute": ch(rng, [0, 15, 30, 45]),
-                       "meridiem": ch(rng, ["AM", "PM"]), "days": sorted(rng.sample(DAYS, ri(rng, 1, 5)), key=DAYS.index),
-                       "enabled": rng.random() < 0.7})
-    reminders = [{"id": i + 1, "title": data.title(rng), "date": data.date(rng, -5, 30),
-                  "priority": ch(rng, ["Low", "Normal", "High"]), "done": rng.random() < 0.2} for i in range(10)]
+        alarms.append(
+            {
+                "id": i + 1,
+                "label": label,
+                "hour": ri(rng, 1, 12),
+                "minute": ch(rng, [0, 15, 30, 45]),
+                "meridiem": ch(rng, ["AM", "PM"]),
+                "days": sorted(rng.sample(DAYS, ri(rng, 1, 5)), key=DAYS.index),
+                "enabled": rng.random() < 0.7,
+            }
+        )
+    reminders = [
+        {
+            "id": i + 1,
+            "title": data.title(rng),
+            "date": data.date(rng, -5, 30),
+            "priority": ch(rng, ["Low", "Normal", "High"]),
+            "done": rng.random() < 0.2,
+        }
+        for i in range(10)
+    ]
     return {"alarms": alarms, "reminders": reminders}
 
 
-app = add_account_apis(App("clock", "Alarms (12-hour clock with an AM/PM marker, repeating on weekdays) and "
-                                    "dated reminders with priorities.", build))
+app = add_account_apis(
+    App(
+        "clock",
+        "Alarms (12-hour clock with an AM/PM marker, repeating on weekdays) and dated reminders with priorities.",
+        build,
+    )
+)
 
 
 @app.api()
@@ -51,8 +72,9 @@ def _check_time(hour: int | None, minute: int | None) -> None:
 
 
 @app.api()
-def create_alarm(ctx: Ctx, hour: int, minute: int, meridiem: Meridiem, label: str = "Alarm",
-                 days: list[str] | None = None) -> dict[str, Any]:
+def create_alarm(
+    ctx: Ctx, hour: int, minute: int, meridiem: Meridiem, label: str = "Alarm", days: list[str] | None = None
+) -> dict[str, Any]:
     """Creates an enabled alarm.
 
     Args:
@@ -66,15 +88,28 @@ def create_alarm(ctx: Ctx, hour: int, minute: int, meridiem: Meridiem, label: st
     _check_time(hour, minute)
     if any(d not in DAYS for d in days or []):
         raise ApiError(422, f"days must be among {list(DAYS)}.")
-    a = {"id": ctx.new_id("alarms"), "label": label, "hour": hour, "minute": minute, "meridiem": meridiem,
-         "days": sorted(set(days or []), key=DAYS.index), "enabled": True}
+    a = {
+        "id": ctx.new_id("alarms"),
+        "label": label,
+        "hour": hour,
+        "minute": minute,
+        "meridiem": meridiem,
+        "days": sorted(set(days or []), key=DAYS.index),
+        "enabled": True,
+    }
     ctx.db["alarms"].append(a)
     return a
 
 
 @app.api()
-def update_alarm(ctx: Ctx, alarm_id: int, hour: int | None = None, minute: int | None = None,
-                 meridiem: str | None = None, label: str | None = None) -> dict[str, Any]:
+def update_alarm(
+    ctx: Ctx,
+    alarm_id: int,
+    hour: int | None = None,
+    minute: int | None = None,
+    meridiem: str | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
     """Edits an alarm (fields left out stay as they are).
 
     Args:
@@ -120,8 +155,14 @@ def delete_alarm(ctx: Ctx, alarm_id: int) -> dict[str, str]:
 
 
 @app.api()
-def show_reminders(ctx: Ctx, query: str = "", date: str | None = None, include_done: bool = True,
-                   page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def show_reminders(
+    ctx: Ctx,
+    query: str = "",
+    date: str | None = None,
+    include_done: bool = True,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Lists reminders by date.
 
     Args:
@@ -132,8 +173,11 @@ def show_reminders(ctx: Ctx, query: str = "", date: str | None = None, include_d
       page_limit: results per page (at most 20).
     Returns: a list of {"id", "title", "date", "priority", "done"}.
     """
-    hits = [r for r in sorted(ctx.db["reminders"], key=lambda r: (r["date"], r["id"])) if contains(r["title"], query)
-            and (date is None or r["date"] == date) and (include_done or not r["done"])]
+    hits = [
+        r
+        for r in sorted(ctx.db["reminders"], key=lambda r: (r["date"], r["id"]))
+        if contains(r["title"], query) and (date is None or r["date"] == date) and (include_done or not r["done"])
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -153,8 +197,9 @@ def create_reminder(ctx: Ctx, title: str, date: str, priority: Priority = "Norma
 
 
 @app.api()
-def update_reminder(ctx: Ctx, reminder_id: int, title: str | None = None, date: str | None = None,
-                    priority: Priority | None = None) -> dict[str, Any]:
+def update_reminder(
+    ctx: Ctx, reminder_id: int, title: str | None = None, date: str | None = None, priority: Priority | None = None
+) -> dict[str, Any]:
     """Edits a reminder.
 
     Args:

@@ -11,8 +11,28 @@ from ..world import NOW, ApiError, App, Ctx, page
 from .common import add_account_apis, contains
 
 SECTORS = ("Technology", "Energy", "Healthcare", "Finance", "Consumer", "Industrials")
-COMPANIES = ["Apex", "Borealis", "Cobalt", "Dynamo", "Everline", "Fathom", "Granite", "Helix", "Ionic", "Juniper",
-             "Keystone", "Lumen", "Meridian", "Nimbus", "Orchid", "Pinnacle", "Quartz", "Redwood", "Summit", "Tidal"]
+COMPANIES = [
+    "Apex",
+    "Borealis",
+    "Cobalt",
+    "Dynamo",
+    "Everline",
+    "Fathom",
+    "Granite",
+    "Helix",
+    "Ionic",
+    "Juniper",
+    "Keystone",
+    "Lumen",
+    "Meridian",
+    "Nimbus",
+    "Orchid",
+    "Pinnacle",
+    "Quartz",
+    "Redwood",
+    "Summit",
+    "Tidal",
+]
 HORIZONS = ("1D", "1W", "1M", "6M", "1Y", "5Y")
 Horizon = Literal["1D", "1W", "1M", "6M", "1Y", "5Y"]
 
@@ -22,20 +42,35 @@ def build(seed: int) -> dict[str, list[dict]]:
     stocks = []
     for i, c in enumerate(rng.sample(COMPANIES, 16)):
         suffix = ch(rng, ["Systems", "Energy", "Health", "Capital", "Brands", "Industries"])
-        stocks.append({"id": i + 1, "symbol": (c[:3] + suffix[0]).upper(), "name": f"{c} {suffix}",
-                       "sector": ch(rng, SECTORS), "exchange": ch(rng, ["NYSE", "NASDAQ"]),
-                       "price": round(rng.uniform(5, 600), 2), "change_pct": round(rng.uniform(-6, 6), 2)})
+        stocks.append(
+            {
+                "id": i + 1,
+                "symbol": (c[:3] + suffix[0]).upper(),
+                "name": f"{c} {suffix}",
+                "sector": ch(rng, SECTORS),
+                "exchange": ch(rng, ["NYSE", "NASDAQ"]),
+                "price": round(rng.uniform(5, 600), 2),
+                "change_pct": round(rng.uniform(-6, 6), 2),
+            }
+        )
     watch = [{"id": i + 1, "symbol": s["symbol"]} for i, s in enumerate(rng.sample(stocks, 3))]
-    holdings = [{"id": i + 1, "symbol": s["symbol"], "shares": ri(rng, 1, 80)} for i, s in enumerate(rng.sample(stocks, 4))]
+    holdings = [
+        {"id": i + 1, "symbol": s["symbol"], "shares": ri(rng, 1, 80)} for i, s in enumerate(rng.sample(stocks, 4))
+    ]
     history = [{"id": 1, "query": ch(rng, COMPANIES).lower(), "searched_at": "2024-06-10T18:00:00"}]
     prefs = [{"id": 1, "default_chart_horizon": ch(rng, ["1D", "1M"]), "currency": "USD"}]
-    return {"stocks": stocks, "watchlist": watch, "holdings": holdings, "search_history": history,
-            "preferences": prefs}
+    return {"stocks": stocks, "watchlist": watch, "holdings": holdings, "search_history": history, "preferences": prefs}
 
 
-app = add_account_apis(App("finance", "Stock market app: search stocks, view charts, keep a watchlist, see your "
-                                      "portfolio. The unified search records your search history; the ticker "
-                                      "lookup does not.", build))
+app = add_account_apis(
+    App(
+        "finance",
+        "Stock market app: search stocks, view charts, keep a watchlist, see your "
+        "portfolio. The unified search records your search history; the ticker "
+        "lookup does not.",
+        build,
+    )
+)
 
 
 def _stock(ctx: Ctx, symbol: str) -> dict[str, Any]:
@@ -58,8 +93,14 @@ def search(ctx: Ctx, query: str) -> list[dict[str, Any]]:
 
 
 @app.api()
-def search_tickers(ctx: Ctx, query: str = "", sector: str | None = None, exchange: str | None = None,
-                   page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_tickers(
+    ctx: Ctx,
+    query: str = "",
+    sector: str | None = None,
+    exchange: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Looks up tickers with filters (not recorded in your search history).
 
     Args:
@@ -70,8 +111,13 @@ def search_tickers(ctx: Ctx, query: str = "", sector: str | None = None, exchang
       page_limit: results per page (at most 20).
     Returns: a list of stocks.
     """
-    hits = [s for s in ctx.db["stocks"] if contains(s["name"] + " " + s["symbol"], query)
-            and (sector is None or s["sector"] == sector) and (exchange is None or s["exchange"] == exchange)]
+    hits = [
+        s
+        for s in ctx.db["stocks"]
+        if contains(s["name"] + " " + s["symbol"], query)
+        and (sector is None or s["sector"] == sector)
+        and (exchange is None or s["exchange"] == exchange)
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -99,8 +145,11 @@ def show_chart(ctx: Ctx, symbol: str, horizon: Horizon | None = None) -> dict[st
     s = _stock(ctx, symbol)
     h = horizon or ctx.db["preferences"][0]["default_chart_horizon"]
     n = {"1D": 8, "1W": 7, "1M": 10, "6M": 12, "1Y": 12, "5Y": 10}[h]
-    return {"symbol": symbol, "horizon": h,
-            "points": [round(s["price"] * (1 + 0.01 * ((i * 7 + s["id"]) % 9 - 4)), 2) for i in range(n)]}
+    return {
+        "symbol": symbol,
+        "horizon": h,
+        "points": [round(s["price"] * (1 + 0.01 * ((i * 7 + s["id"]) % 9 - 4)), 2) for i in range(n)],
+    }
 
 
 @app.api()

@@ -10,9 +10,18 @@ from ..data import ch, ri
 from ..world import NOW, ApiError, App, Ctx, page
 from .common import add_account_apis, contains
 
-LINES = ["Are we still on for tomorrow?", "Running 10 minutes late.", "Thanks for dinner!", "Call me when free.",
-         "Did you see the game?", "Happy birthday!", "Can you send the file?", "Lunch on Friday?",
-         "Got the tickets.", "See you at the station."]
+LINES = [
+    "Are we still on for tomorrow?",
+    "Running 10 minutes late.",
+    "Thanks for dinner!",
+    "Call me when free.",
+    "Did you see the game?",
+    "Happy birthday!",
+    "Can you send the file?",
+    "Lunch on Friday?",
+    "Got the tickets.",
+    "See you at the station.",
+]
 
 
 def build(seed: int) -> dict[str, list[dict]]:
@@ -22,22 +31,41 @@ def build(seed: int) -> dict[str, list[dict]]:
     for i in range(ri(rng, 18, 30)):
         p = ch(rng, ppl[:20])
         incoming = rng.random() < 0.6
-        msgs.append({"id": i + 1, "phone_number": p["phone_number"], "direction": "in" if incoming else "out",
-                     "text": ch(rng, LINES), "sent_at": data.date(rng, -40, 0) + f"T{ri(rng, 7, 22):02d}:15:00",
-                     "read": (not incoming) or rng.random() < 0.5})
+        msgs.append(
+            {
+                "id": i + 1,
+                "phone_number": p["phone_number"],
+                "direction": "in" if incoming else "out",
+                "text": ch(rng, LINES),
+                "sent_at": data.date(rng, -40, 0) + f"T{ri(rng, 7, 22):02d}:15:00",
+                "read": (not incoming) or rng.random() < 0.5,
+            }
+        )
     msgs.sort(key=lambda m: m["sent_at"])
     for i, m in enumerate(msgs):
         m["id"] = i + 1
     return {"messages": msgs}
 
 
-app = add_account_apis(App("messages", "Text messages (SMS): read, send, mark read and delete messages. "
-                                       "Messages are addressed by phone number.", build))
+app = add_account_apis(
+    App(
+        "messages",
+        "Text messages (SMS): read, send, mark read and delete messages. Messages are addressed by phone number.",
+        build,
+    )
+)
 
 
 @app.api()
-def search_messages(ctx: Ctx, query: str = "", phone_number: str | None = None, unread_only: bool = False,
-                    direction: str | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_messages(
+    ctx: Ctx,
+    query: str = "",
+    phone_number: str | None = None,
+    unread_only: bool = False,
+    direction: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches messages, newest first.
 
     Args:
@@ -49,9 +77,14 @@ def search_messages(ctx: Ctx, query: str = "", phone_number: str | None = None, 
       page_limit: results per page (at most 20).
     Returns: a list of {"id", "phone_number", "direction", "text", "sent_at", "read"}.
     """
-    hits = [m for m in sorted(ctx.db["messages"], key=lambda m: (m["sent_at"], m["id"]), reverse=True)
-            if contains(m["text"], query) and (phone_number is None or m["phone_number"] == phone_number)
-            and (not unread_only or not m["read"]) and (direction is None or m["direction"] == direction)]
+    hits = [
+        m
+        for m in sorted(ctx.db["messages"], key=lambda m: (m["sent_at"], m["id"]), reverse=True)
+        if contains(m["text"], query)
+        and (phone_number is None or m["phone_number"] == phone_number)
+        and (not unread_only or not m["read"])
+        and (direction is None or m["direction"] == direction)
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -66,8 +99,14 @@ def send_message(ctx: Ctx, phone_number: str, text: str) -> dict[str, Any]:
     """
     if not (phone_number.isdigit() and len(phone_number) == 10):
         raise ApiError(422, "phone_number must be 10 digits.")
-    m = {"id": ctx.new_id("messages"), "phone_number": phone_number, "direction": "out", "text": text,
-         "sent_at": NOW, "read": True}
+    m = {
+        "id": ctx.new_id("messages"),
+        "phone_number": phone_number,
+        "direction": "out",
+        "text": text,
+        "sent_at": NOW,
+        "read": True,
+    }
     ctx.db["messages"].append(m)
     return m
 

@@ -11,10 +11,42 @@ from ..world import NOW, ApiError, App, Ctx, page
 from .common import add_account_apis, contains
 
 GENRES = ("Rock", "Pop", "Jazz", "Hip-Hop", "Classical", "Electronic", "Folk")
-ARTISTS = ["The Lanterns", "Nova Reed", "Blue Harbor", "Kai Moreno", "Velvet Static", "June Park", "Echo Vale",
-           "Marta Sol", "The Fables", "Orbit Nine", "Ada Quinn", "Low Tide"]
-SONG_WORDS = ["Midnight", "Golden", "River", "Echoes", "Paper", "Skyline", "Velvet", "Fire", "Ocean", "Summer",
-              "Ghost", "Neon", "Wild", "Silver", "Heart", "Road", "Dream", "Storm", "Shadow", "Light"]
+ARTISTS = [
+    "The Lanterns",
+    "Nova Reed",
+    "Blue Harbor",
+    "Kai Moreno",
+    "Velvet Static",
+    "June Park",
+    "Echo Vale",
+    "Marta Sol",
+    "The Fables",
+    "Orbit Nine",
+    "Ada Quinn",
+    "Low Tide",
+]
+SONG_WORDS = [
+    "Midnight",
+    "Golden",
+    "River",
+    "Echoes",
+    "Paper",
+    "Skyline",
+    "Velvet",
+    "Fire",
+    "Ocean",
+    "Summer",
+    "Ghost",
+    "Neon",
+    "Wild",
+    "Silver",
+    "Heart",
+    "Road",
+    "Dream",
+    "Storm",
+    "Shadow",
+    "Light",
+]
 
 
 def build(seed: int) -> dict[str, list[dict]]:
@@ -23,29 +55,61 @@ def build(seed: int) -> dict[str, list[dict]]:
     albums, songs, titles = [], [], set()
     for a in artists:
         for _ in range(ri(rng, 1, 2)):
-            alb = {"id": len(albums) + 1, "title": " ".join(rng.sample(SONG_WORDS, 2)), "artist_id": a["id"],
-                   "year": ri(rng, 1995, 2024)}
+            alb = {
+                "id": len(albums) + 1,
+                "title": " ".join(rng.sample(SONG_WORDS, 2)),
+                "artist_id": a["id"],
+                "year": ri(rng, 1995, 2024),
+            }
             albums.append(alb)
             for _ in range(ri(rng, 3, 6)):
                 t = " ".join(rng.sample(SONG_WORDS, ri(rng, 1, 3)))
                 while t in titles:
                     t = " ".join(rng.sample(SONG_WORDS, 3))
                 titles.add(t)
-                songs.append({"id": len(songs) + 1, "title": t, "artist_id": a["id"], "album_id": alb["id"],
-                              "genre": a["genre"], "duration_s": ri(rng, 120, 420),
-                              "play_count": ri(rng, 0, 5000)})
+                songs.append(
+                    {
+                        "id": len(songs) + 1,
+                        "title": t,
+                        "artist_id": a["id"],
+                        "album_id": alb["id"],
+                        "genre": a["genre"],
+                        "duration_s": ri(rng, 120, 420),
+                        "play_count": ri(rng, 0, 5000),
+                    }
+                )
     likes = [{"id": i + 1, "song_id": s["id"]} for i, s in enumerate(rng.sample(songs, 6))]
-    playlists = [{"id": i + 1, "name": n, "song_ids": [s["id"] for s in rng.sample(songs, ri(rng, 3, 9))],
-                  "is_public": rng.random() < 0.5} for i, n in enumerate(rng.sample(
-                      ["Road Trip", "Focus", "Workout", "Chill", "Party", "Sleep", "Morning"], 3))]
-    history = [{"id": i + 1, "song_id": ch(rng, songs)["id"], "played_at": data.date(rng, -30, -1) + "T20:00:00"}
-               for i in range(8)]
-    return {"artists": artists, "albums": albums, "songs": songs, "likes": likes, "playlists": playlists,
-            "play_history": history}
+    playlists = [
+        {
+            "id": i + 1,
+            "name": n,
+            "song_ids": [s["id"] for s in rng.sample(songs, ri(rng, 3, 9))],
+            "is_public": rng.random() < 0.5,
+        }
+        for i, n in enumerate(rng.sample(["Road Trip", "Focus", "Workout", "Chill", "Party", "Sleep", "Morning"], 3))
+    ]
+    history = [
+        {"id": i + 1, "song_id": ch(rng, songs)["id"], "played_at": data.date(rng, -30, -1) + "T20:00:00"}
+        for i in range(8)
+    ]
+    return {
+        "artists": artists,
+        "albums": albums,
+        "songs": songs,
+        "likes": likes,
+        "playlists": playlists,
+        "play_history": history,
+    }
 
 
-app = add_account_apis(App("music", "A music player: search and play songs, like them, manage playlists; "
-                                    "playing a song records it in your play history.", build))
+app = add_account_apis(
+    App(
+        "music",
+        "A music player: search and play songs, like them, manage playlists; "
+        "playing a song records it in your play history.",
+        build,
+    )
+)
 
 
 def _song(ctx: Ctx, s: dict) -> dict[str, Any]:
@@ -54,8 +118,15 @@ def _song(ctx: Ctx, s: dict) -> dict[str, Any]:
 
 
 @app.api()
-def search_songs(ctx: Ctx, query: str = "", artist_id: int | None = None, album_id: int | None = None,
-                 genre: str | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_songs(
+    ctx: Ctx,
+    query: str = "",
+    artist_id: int | None = None,
+    album_id: int | None = None,
+    genre: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches songs by title, by id.
 
     Args:
@@ -68,9 +139,14 @@ def search_songs(ctx: Ctx, query: str = "", artist_id: int | None = None, album_
     Returns: a list of songs {"id", "title", "artist_id", "artist", "album_id", "genre", "duration_s",
       "play_count"}.
     """
-    hits = [s for s in ctx.db["songs"] if contains(s["title"], query)
-            and (artist_id is None or s["artist_id"] == artist_id) and (album_id is None or s["album_id"] == album_id)
-            and (genre is None or s["genre"] == genre)]
+    hits = [
+        s
+        for s in ctx.db["songs"]
+        if contains(s["title"], query)
+        and (artist_id is None or s["artist_id"] == artist_id)
+        and (album_id is None or s["album_id"] == album_id)
+        and (genre is None or s["genre"] == genre)
+    ]
     return [_song(ctx, s) for s in page(hits, page_index, page_limit)]
 
 
@@ -133,8 +209,9 @@ def show_play_history(ctx: Ctx, page_index: int = 0, page_limit: int = 5) -> lis
       page_limit: results per page (at most 20).
     Returns: a list of {"id", "song_id", "played_at"}.
     """
-    return page(sorted(ctx.db["play_history"], key=lambda h: (h["played_at"], h["id"]), reverse=True),
-                page_index, page_limit)
+    return page(
+        sorted(ctx.db["play_history"], key=lambda h: (h["played_at"], h["id"]), reverse=True), page_index, page_limit
+    )
 
 
 @app.api()

@@ -13,6 +13,15 @@ from .common import add_account_apis, contains
 SECTIONS = ("World", "Business", "Sports", "Science", "Technology", "Culture")
 SOURCES = ["Daily Ledger", "Metro Times", "The Observer", "Tech Pulse", "Global Wire", "Sport Hub"]
 Section = Literal["World", "Business", "Sports", "Science", "Technology", "Culture"]
+TITLE_ENDINGS = [
+    "what comes next",
+    "a turning point",
+    "the numbers",
+    "five takeaways",
+    "an inside look",
+    "why it matters",
+    "the debate",
+]
 
 
 def build(seed: int) -> dict[str, list[dict]]:
@@ -20,20 +29,42 @@ def build(seed: int) -> dict[str, list[dict]]:
     arts, titles = [], set()
     for i in range(ri(rng, 24, 40)):
         topic = ch(rng, data.TOPICS)
-        t = f"{topic.capitalize()}: {ch(rng, ['what comes next', 'a turning point', 'the numbers', 'five takeaways', 'an inside look', 'why it matters', 'the debate'])}"
+        t = f"{topic.capitalize()}: {ch(rng, TITLE_ENDINGS)}"
         while t in titles:
             t += " (update)"
         titles.add(t)
-        arts.append({"id": i + 1, "title": t, "topic": topic, "source": ch(rng, SOURCES),
-                     "section": ch(rng, SECTIONS), "published_at": data.date(rng, -10, 0) + f"T{ri(rng, 6, 22):02d}:00:00",
-                     "read": rng.random() < 0.3, "bookmarked": rng.random() < 0.1, "body": f"About {topic}."})
-    prefs = [{"id": 1, "default_section": ch(rng, SECTIONS), "followed_sources": sorted(rng.sample(SOURCES, 2)),
-              "sort_by": "newest"}]
+        arts.append(
+            {
+                "id": i + 1,
+                "title": t,
+                "topic": topic,
+                "source": ch(rng, SOURCES),
+                "section": ch(rng, SECTIONS),
+                "published_at": data.date(rng, -10, 0) + f"T{ri(rng, 6, 22):02d}:00:00",
+                "read": rng.random() < 0.3,
+                "bookmarked": rng.random() < 0.1,
+                "body": f"About {topic}.",
+            }
+        )
+    prefs = [
+        {
+            "id": 1,
+            "default_section": ch(rng, SECTIONS),
+            "followed_sources": sorted(rng.sample(SOURCES, 2)),
+            "sort_by": "newest",
+        }
+    ]
     return {"articles": arts, "preferences": prefs}
 
 
-app = add_account_apis(App("news", "A news reader: browse and search articles, mark them read, bookmark them, "
-                                   "follow sources and set feed preferences.", build))
+app = add_account_apis(
+    App(
+        "news",
+        "A news reader: browse and search articles, mark them read, bookmark them, "
+        "follow sources and set feed preferences.",
+        build,
+    )
+)
 
 
 def _summary(a: dict) -> dict[str, Any]:
@@ -45,8 +76,9 @@ def _newest(arts: list[dict]) -> list[dict]:
 
 
 @app.api()
-def show_feed(ctx: Ctx, section: Section | None = None, unread_only: bool = False, page_index: int = 0,
-              page_limit: int = 5) -> list[dict[str, Any]]:
+def show_feed(
+    ctx: Ctx, section: Section | None = None, unread_only: bool = False, page_index: int = 0, page_limit: int = 5
+) -> list[dict[str, Any]]:
     """Shows your news feed, newest first. `section` only changes this view (default: your saved default
     section); use update_preferences to change the saved default.
 
@@ -63,8 +95,15 @@ def show_feed(ctx: Ctx, section: Section | None = None, unread_only: bool = Fals
 
 
 @app.api()
-def search_articles(ctx: Ctx, query: str = "", source: str | None = None, section: Section | None = None,
-                    published_on: str | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_articles(
+    ctx: Ctx,
+    query: str = "",
+    source: str | None = None,
+    section: Section | None = None,
+    published_on: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches articles, newest first.
 
     Args:
@@ -76,9 +115,14 @@ def search_articles(ctx: Ctx, query: str = "", source: str | None = None, sectio
       page_limit: results per page (at most 20).
     Returns: a list of article summaries.
     """
-    hits = [a for a in _newest(ctx.db["articles"]) if contains(a["title"], query)
-            and (source is None or a["source"] == source) and (section is None or a["section"] == section)
-            and (published_on is None or a["published_at"][:10] == published_on)]
+    hits = [
+        a
+        for a in _newest(ctx.db["articles"])
+        if contains(a["title"], query)
+        and (source is None or a["source"] == source)
+        and (section is None or a["section"] == section)
+        and (published_on is None or a["published_at"][:10] == published_on)
+    ]
     return [_summary(a) for a in page(hits, page_index, page_limit)]
 
 
@@ -158,8 +202,9 @@ def show_bookmarks(ctx: Ctx, page_index: int = 0, page_limit: int = 5) -> list[d
       page_limit: results per page (at most 20).
     Returns: a list of article summaries.
     """
-    return [_summary(a) for a in page([a for a in _newest(ctx.db["articles"]) if a["bookmarked"]],
-                                      page_index, page_limit)]
+    return [
+        _summary(a) for a in page([a for a in _newest(ctx.db["articles"]) if a["bookmarked"]], page_index, page_limit)
+    ]
 
 
 @app.api()
@@ -173,8 +218,9 @@ def show_preferences(ctx: Ctx) -> dict[str, Any]:
 
 
 @app.api()
-def update_preferences(ctx: Ctx, default_section: Section | None = None,
-                       sort_by: Literal["newest", "oldest", "popular"] | None = None) -> dict[str, Any]:
+def update_preferences(
+    ctx: Ctx, default_section: Section | None = None, sort_by: Literal["newest", "oldest", "popular"] | None = None
+) -> dict[str, Any]:
     """Saves feed preferences (fields left out stay as they are).
 
     Args:

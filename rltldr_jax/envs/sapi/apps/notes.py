@@ -23,10 +23,18 @@ def build(seed: int) -> dict[str, list[dict]]:
         while t in titles:
             t = data.title(rng, 3)
         titles.add(t)
-        notes.append({"id": i + 1, "notebook_id": ch(rng, nbs)["id"], "title": t,
-                      "content": f"{t}: " + " ".join(rng.sample(data.WORDS, 6)) + ".",
-                      "tags": sorted(rng.sample(TAGS, ri(rng, 0, 2))), "pinned": rng.random() < 0.15,
-                      "created_at": data.date(rng, -200, 0) + "T12:00:00", "updated_at": None})
+        notes.append(
+            {
+                "id": i + 1,
+                "notebook_id": ch(rng, nbs)["id"],
+                "title": t,
+                "content": f"{t}: " + " ".join(rng.sample(data.WORDS, 6)) + ".",
+                "tags": sorted(rng.sample(TAGS, ri(rng, 0, 2))),
+                "pinned": rng.random() < 0.15,
+                "created_at": data.date(rng, -200, 0) + "T12:00:00",
+                "updated_at": None,
+            }
+        )
     return {"notebooks": nbs, "notes": notes}
 
 
@@ -88,8 +96,15 @@ def delete_notebook(ctx: Ctx, notebook_id: int) -> dict[str, str]:
 
 
 @app.api()
-def search_notes(ctx: Ctx, query: str = "", notebook_id: int | None = None, tag: str | None = None,
-                 pinned: bool | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_notes(
+    ctx: Ctx,
+    query: str = "",
+    notebook_id: int | None = None,
+    tag: str | None = None,
+    pinned: bool | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches notes by text in title or content, newest first.
 
     Args:
@@ -101,10 +116,14 @@ def search_notes(ctx: Ctx, query: str = "", notebook_id: int | None = None, tag:
       page_limit: results per page (at most 20).
     Returns: a list of {"id", "notebook_id", "title", "tags", "pinned"}.
     """
-    hits = [n for n in sorted(ctx.db["notes"], key=lambda n: n["created_at"], reverse=True)
-            if contains(n["title"] + " " + n["content"], query)
-            and (notebook_id is None or n["notebook_id"] == notebook_id)
-            and (tag is None or tag in n["tags"]) and (pinned is None or n["pinned"] == pinned)]
+    hits = [
+        n
+        for n in sorted(ctx.db["notes"], key=lambda n: n["created_at"], reverse=True)
+        if contains(n["title"] + " " + n["content"], query)
+        and (notebook_id is None or n["notebook_id"] == notebook_id)
+        and (tag is None or tag in n["tags"])
+        and (pinned is None or n["pinned"] == pinned)
+    ]
     return [{k: n[k] for k in _SUMMARY} for n in page(hits, page_index, page_limit)]
 
 
@@ -120,8 +139,9 @@ def show_note(ctx: Ctx, note_id: int) -> dict[str, Any]:
 
 
 @app.api()
-def create_note(ctx: Ctx, title: str, content: str = "", notebook_id: int | None = None,
-                tags: list[str] | None = None) -> dict[str, Any]:
+def create_note(
+    ctx: Ctx, title: str, content: str = "", notebook_id: int | None = None, tags: list[str] | None = None
+) -> dict[str, Any]:
     """Creates a note.
 
     Args:
@@ -133,15 +153,24 @@ def create_note(ctx: Ctx, title: str, content: str = "", notebook_id: int | None
     """
     nb = notebook_id if notebook_id is not None else ctx.db["notebooks"][0]["id"]
     ctx.get("notebooks", nb, "notebook")
-    note = {"id": ctx.new_id("notes"), "notebook_id": nb, "title": title, "content": content,
-            "tags": sorted(set(tags or [])), "pinned": False, "created_at": NOW, "updated_at": None}
+    note = {
+        "id": ctx.new_id("notes"),
+        "notebook_id": nb,
+        "title": title,
+        "content": content,
+        "tags": sorted(set(tags or [])),
+        "pinned": False,
+        "created_at": NOW,
+        "updated_at": None,
+    }
     ctx.db["notes"].append(note)
     return note
 
 
 @app.api()
-def update_note(ctx: Ctx, note_id: int, title: str | None = None, content: str | None = None,
-                notebook_id: int | None = None) -> dict[str, Any]:
+def update_note(
+    ctx: Ctx, note_id: int, title: str | None = None, content: str | None = None, notebook_id: int | None = None
+) -> dict[str, Any]:
     """Edits a note's title, content or notebook (fields left out stay as they are).
 
     Args:

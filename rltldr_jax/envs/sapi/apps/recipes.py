@@ -14,8 +14,26 @@ CUISINES = ("Italian", "Mexican", "Indian", "Japanese", "Greek", "Thai")
 MEALS = ("Breakfast", "Lunch", "Dinner")
 DISHES = ["Pasta", "Tacos", "Curry", "Ramen", "Salad", "Soup", "Omelette", "Stir Fry", "Risotto", "Bowl", "Pancakes"]
 ADJ = ["Spicy", "Quick", "Creamy", "Herby", "Smoky", "Lemon", "Garlic", "Classic", "Green", "Crispy"]
-INGREDIENTS = ["rice", "eggs", "tomatoes", "onion", "garlic", "basil", "chicken", "tofu", "lime", "cheese", "beans",
-               "spinach", "ginger", "noodles", "yogurt", "flour", "milk", "peppers"]
+INGREDIENTS = [
+    "rice",
+    "eggs",
+    "tomatoes",
+    "onion",
+    "garlic",
+    "basil",
+    "chicken",
+    "tofu",
+    "lime",
+    "cheese",
+    "beans",
+    "spinach",
+    "ginger",
+    "noodles",
+    "yogurt",
+    "flour",
+    "milk",
+    "peppers",
+]
 
 
 def build(seed: int) -> dict[str, list[dict]]:
@@ -26,23 +44,42 @@ def build(seed: int) -> dict[str, list[dict]]:
         while t in titles:
             t = f"{ch(rng, ADJ)} {t}"
         titles.add(t)
-        recipes.append({"id": i + 1, "title": t, "cuisine": ch(rng, CUISINES), "meal_type": ch(rng, MEALS),
-                        "minutes": ch(rng, [10, 15, 20, 30, 45, 60, 90]),
-                        "ingredients": sorted(rng.sample(INGREDIENTS, ri(rng, 3, 6))),
-                        "rating": round(rng.uniform(3, 5), 1)})
+        recipes.append(
+            {
+                "id": i + 1,
+                "title": t,
+                "cuisine": ch(rng, CUISINES),
+                "meal_type": ch(rng, MEALS),
+                "minutes": ch(rng, [10, 15, 20, 30, 45, 60, 90]),
+                "ingredients": sorted(rng.sample(INGREDIENTS, ri(rng, 3, 6))),
+                "rating": round(rng.uniform(3, 5), 1),
+            }
+        )
     saved = [{"id": i + 1, "recipe_id": r["id"]} for i, r in enumerate(rng.sample(recipes, 3))]
     plan = [{"id": 1, "recipe_id": ch(rng, recipes)["id"], "date": data.date(rng, 1, 6), "meal": "Dinner"}]
     shopping = [{"id": i + 1, "item": it, "checked": False} for i, it in enumerate(rng.sample(INGREDIENTS, 3))]
     return {"recipes": recipes, "saved": saved, "meal_plan": plan, "shopping_list": shopping}
 
 
-app = add_account_apis(App("recipes", "Recipes: search by cuisine, meal type and time; save recipes, plan meals "
-                                      "by date and keep a shopping list.", build))
+app = add_account_apis(
+    App(
+        "recipes",
+        "Recipes: search by cuisine, meal type and time; save recipes, plan meals by date and keep a shopping list.",
+        build,
+    )
+)
 
 
 @app.api()
-def search_recipes(ctx: Ctx, query: str = "", cuisine: str | None = None, meal_type: str | None = None,
-                   max_minutes: int | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_recipes(
+    ctx: Ctx,
+    query: str = "",
+    cuisine: str | None = None,
+    meal_type: str | None = None,
+    max_minutes: int | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches recipes, by id. Filters are exact and case-sensitive.
 
     Args:
@@ -54,8 +91,14 @@ def search_recipes(ctx: Ctx, query: str = "", cuisine: str | None = None, meal_t
       page_limit: results per page (at most 20).
     Returns: a list of recipes {"id", "title", "cuisine", "meal_type", "minutes", "ingredients", "rating"}.
     """
-    hits = [r for r in ctx.db["recipes"] if contains(r["title"], query) and (cuisine is None or r["cuisine"] == cuisine)
-            and (meal_type is None or r["meal_type"] == meal_type) and (max_minutes is None or r["minutes"] <= max_minutes)]
+    hits = [
+        r
+        for r in ctx.db["recipes"]
+        if contains(r["title"], query)
+        and (cuisine is None or r["cuisine"] == cuisine)
+        and (meal_type is None or r["meal_type"] == meal_type)
+        and (max_minutes is None or r["minutes"] <= max_minutes)
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -118,8 +161,11 @@ def show_meal_plan(ctx: Ctx, start_date: str | None = None, end_date: str | None
       end_date: only entries on or before this date.
     Returns: a list of {"id", "recipe_id", "date", "meal"}.
     """
-    return [e for e in sorted(ctx.db["meal_plan"], key=lambda e: (e["date"], e["id"]))
-            if (start_date is None or e["date"] >= start_date) and (end_date is None or e["date"] <= end_date)]
+    return [
+        e
+        for e in sorted(ctx.db["meal_plan"], key=lambda e: (e["date"], e["id"]))
+        if (start_date is None or e["date"] >= start_date) and (end_date is None or e["date"] <= end_date)
+    ]
 
 
 @app.api()
@@ -198,5 +244,3 @@ def remove_shopping_item(ctx: Ctx, item_id: int) -> dict[str, str]:
     """
     ctx.db["shopping_list"].remove(ctx.get("shopping_list", item_id, "shopping list item"))
     return {"message": "Removed."}
-
-

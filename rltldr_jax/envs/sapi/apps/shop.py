@@ -11,11 +11,13 @@ from ..data import ch, ri
 from ..world import NOW, ApiError, App, Ctx, page
 from .common import add_account_apis, contains
 
-CATEGORIES = {"Shoes": ["Runner", "Trail Shoe", "Sneaker", "Hiking Boot", "Sandal"],
-              "Electronics": ["Headphones", "Charger", "Speaker", "Smartwatch", "Keyboard"],
-              "Kitchen": ["Kettle", "Blender", "Pan", "Knife Set", "Coffee Grinder"],
-              "Outdoor": ["Tent", "Backpack", "Sleeping Bag", "Headlamp", "Water Bottle"],
-              "Books": ["Cookbook", "Novel", "Field Guide", "Atlas", "Biography"]}
+CATEGORIES = {
+    "Shoes": ["Runner", "Trail Shoe", "Sneaker", "Hiking Boot", "Sandal"],
+    "Electronics": ["Headphones", "Charger", "Speaker", "Smartwatch", "Keyboard"],
+    "Kitchen": ["Kettle", "Blender", "Pan", "Knife Set", "Coffee Grinder"],
+    "Outdoor": ["Tent", "Backpack", "Sleeping Bag", "Headlamp", "Water Bottle"],
+    "Books": ["Cookbook", "Novel", "Field Guide", "Atlas", "Biography"],
+}
 _CATS = tuple(CATEGORIES)
 BRANDS = ["Nike", "Acme", "Northpeak", "Sonic", "Homely", "Brightline", "Terra"]
 TAGS = ["running", "waterproof", "wireless", "eco", "bestseller", "lightweight", "sale"]
@@ -31,25 +33,54 @@ def build(seed: int) -> dict[str, list[dict]]:
         while name in names:
             name += " II"
         names.add(name)
-        products.append({"id": i + 1, "name": name, "category": cat, "brand": brand,
-                         "price": round(rng.uniform(8, 250), 2), "tags": sorted(rng.sample(TAGS, ri(rng, 0, 3))),
-                         "rating": round(rng.uniform(2.5, 5.0), 1), "in_stock": rng.random() < 0.9})
+        products.append(
+            {
+                "id": i + 1,
+                "name": name,
+                "category": cat,
+                "brand": brand,
+                "price": round(rng.uniform(8, 250), 2),
+                "tags": sorted(rng.sample(TAGS, ri(rng, 0, 3))),
+                "rating": round(rng.uniform(2.5, 5.0), 1),
+                "in_stock": rng.random() < 0.9,
+            }
+        )
     orders = []
     for i in range(ri(rng, 8, 16)):
-        items = [{"product_id": p["id"], "quantity": ri(rng, 1, 3), "price": p["price"]}
-                 for p in rng.sample(products, ri(rng, 1, 3))]
-        orders.append({"id": i + 1, "items": items, "total": round(sum(x["quantity"] * x["price"] for x in items), 2),
-                       "status": ch(rng, ["delivered", "delivered", "shipped", "processing", "cancelled"]),
-                       "placed_at": data.date(rng, -120, -1) + "T10:00:00"})
+        items = [
+            {"product_id": p["id"], "quantity": ri(rng, 1, 3), "price": p["price"]}
+            for p in rng.sample(products, ri(rng, 1, 3))
+        ]
+        orders.append(
+            {
+                "id": i + 1,
+                "items": items,
+                "total": round(sum(x["quantity"] * x["price"] for x in items), 2),
+                "status": ch(rng, ["delivered", "delivered", "shipped", "processing", "cancelled"]),
+                "placed_at": data.date(rng, -120, -1) + "T10:00:00",
+            }
+        )
     cart = [{"id": i + 1, "product_id": p["id"], "quantity": 1} for i, p in enumerate(rng.sample(products, 2))]
     saved = [{"id": 1, "product_id": ch(rng, products)["id"], "note": ""}]
-    return {"products": products, "cart": cart, "saved_for_later": saved, "orders": orders,
-            "guest_cart": [], "guest_saved_for_later": []}
+    return {
+        "products": products,
+        "cart": cart,
+        "saved_for_later": saved,
+        "orders": orders,
+        "guest_cart": [],
+        "guest_saved_for_later": [],
+    }
 
 
-app = add_account_apis(App("shop", "An online shop: search products, manage the cart and saved-for-later list, "
-                                   "place and cancel orders. Cart and saved-for-later APIs take an OPTIONAL access "
-                                   "token: without it they use an anonymous guest session, not your account.", build))
+app = add_account_apis(
+    App(
+        "shop",
+        "An online shop: search products, manage the cart and saved-for-later list, "
+        "place and cancel orders. Cart and saved-for-later APIs take an OPTIONAL access "
+        "token: without it they use an anonymous guest session, not your account.",
+        build,
+    )
+)
 
 
 def _t(ctx: Ctx, table: str) -> list[dict]:
@@ -57,9 +88,18 @@ def _t(ctx: Ctx, table: str) -> list[dict]:
 
 
 @app.api()
-def search_products(ctx: Ctx, query: str = "", category: str | None = None, brand: str | None = None,
-                    tag: str | None = None, min_price: float | None = None, max_price: float | None = None,
-                    in_stock: bool | None = None, page_index: int = 0, page_limit: int = 5) -> list[dict[str, Any]]:
+def search_products(
+    ctx: Ctx,
+    query: str = "",
+    category: str | None = None,
+    brand: str | None = None,
+    tag: str | None = None,
+    min_price: float | None = None,
+    max_price: float | None = None,
+    in_stock: bool | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches products, by id.
 
     Args:
@@ -74,10 +114,17 @@ def search_products(ctx: Ctx, query: str = "", category: str | None = None, bran
       page_limit: results per page (at most 20).
     Returns: a list of products {"id", "name", "category", "brand", "price", "tags", "rating", "in_stock"}.
     """
-    hits = [p for p in ctx.db["products"] if contains(p["name"], query)
-            and (category is None or p["category"] == category) and (brand is None or p["brand"] == brand)
-            and (tag is None or tag in p["tags"]) and (min_price is None or p["price"] >= min_price)
-            and (max_price is None or p["price"] <= max_price) and (in_stock is None or p["in_stock"] == in_stock)]
+    hits = [
+        p
+        for p in ctx.db["products"]
+        if contains(p["name"], query)
+        and (category is None or p["category"] == category)
+        and (brand is None or p["brand"] == brand)
+        and (tag is None or tag in p["tags"])
+        and (min_price is None or p["price"] >= min_price)
+        and (max_price is None or p["price"] <= max_price)
+        and (in_stock is None or p["in_stock"] == in_stock)
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -98,8 +145,14 @@ def show_cart(ctx: Ctx) -> dict[str, Any]:
 
     Returns: {"items": [{"id", "product_id", "name", "quantity", "price"}], "total"}.
     """
-    items = [dict(c, name=ctx.get("products", c["product_id"], "product")["name"],
-                  price=ctx.get("products", c["product_id"], "product")["price"]) for c in _t(ctx, "cart")]
+    items = [
+        dict(
+            c,
+            name=ctx.get("products", c["product_id"], "product")["name"],
+            price=ctx.get("products", c["product_id"], "product")["price"],
+        )
+        for c in _t(ctx, "cart")
+    ]
     return {"items": items, "total": round(sum(i["price"] * i["quantity"] for i in items), 2)}
 
 
@@ -213,8 +266,11 @@ def show_orders(ctx: Ctx, status: str | None = None, page_index: int = 0, page_l
       page_limit: results per page (at most 20).
     Returns: a list of orders {"id", "items", "total", "status", "placed_at"}.
     """
-    hits = [o for o in sorted(ctx.db["orders"], key=lambda o: o["placed_at"], reverse=True)
-            if status is None or o["status"] == status]
+    hits = [
+        o
+        for o in sorted(ctx.db["orders"], key=lambda o: o["placed_at"], reverse=True)
+        if status is None or o["status"] == status
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -241,9 +297,13 @@ def place_order(ctx: Ctx) -> dict[str, Any]:
     for c in ctx.db["cart"]:
         p = ctx.get("products", c["product_id"], "product")
         items.append({"product_id": p["id"], "quantity": c["quantity"], "price": p["price"]})
-    order = {"id": ctx.new_id("orders"), "items": items,
-             "total": round(sum(x["quantity"] * x["price"] for x in items), 2), "status": "processing",
-             "placed_at": NOW}
+    order = {
+        "id": ctx.new_id("orders"),
+        "items": items,
+        "total": round(sum(x["quantity"] * x["price"] for x in items), 2),
+        "status": "processing",
+        "placed_at": NOW,
+    }
     ctx.db["orders"].append(order)
     ctx.db["cart"].clear()
     return order

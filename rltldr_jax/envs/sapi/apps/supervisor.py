@@ -6,8 +6,10 @@ from typing import Any
 
 from ..world import ApiError, App, Ctx
 
-app = App("supervisor", "The supervisor (your user): profile, account passwords for every app, and task "
-                        "completion. Needs no access token.")
+app = App(
+    "supervisor",
+    "The supervisor (your user): profile, account passwords for every app, and task completion. Needs no access token.",
+)
 
 
 @app.api(auth="none")
@@ -25,8 +27,10 @@ def show_account_passwords(ctx: Ctx) -> list[dict[str, str]]:
 
     Returns: a list of {"account_name": app name, "password": str}.
     """
-    return [{"account_name": a["account_name"], "password": a["password"]}
-            for a in ctx.world.db["supervisor"]["account_passwords"]]
+    return [
+        {"account_name": a["account_name"], "password": a["password"]}
+        for a in ctx.world.db["supervisor"]["account_passwords"]
+    ]
 
 
 @app.api(auth="none")

@@ -21,20 +21,34 @@ SortBy = Literal["manual", "due_date", "priority", "title", "created_at"]
 
 def build(seed: int) -> dict[str, list[dict]]:
     rng = random.Random(f"todo/{seed}")
-    lists = [{"id": i + 1, "name": n, "color": ch(rng, COLORS), "sort_by": "manual"}
-             for i, n in enumerate(rng.sample(LIST_NAMES, 5))]
+    lists = [
+        {"id": i + 1, "name": n, "color": ch(rng, COLORS), "sort_by": "manual"}
+        for i, n in enumerate(rng.sample(LIST_NAMES, 5))
+    ]
     tasks = []
     for i in range(ri(rng, 20, 34)):
         done = rng.random() < 0.3
-        tasks.append({"id": i + 1, "list_id": ch(rng, lists)["id"], "title": data.title(rng).lower().capitalize(),
-                      "due_date": data.date(rng, -20, 30) if rng.random() < 0.8 else None,
-                      "priority": ch(rng, PRIORITIES), "completed": done,
-                      "created_at": data.date(rng, -90, -21) + "T08:00:00"})
+        tasks.append(
+            {
+                "id": i + 1,
+                "list_id": ch(rng, lists)["id"],
+                "title": data.title(rng).lower().capitalize(),
+                "due_date": data.date(rng, -20, 30) if rng.random() < 0.8 else None,
+                "priority": ch(rng, PRIORITIES),
+                "completed": done,
+                "created_at": data.date(rng, -90, -21) + "T08:00:00",
+            }
+        )
     return {"lists": lists, "tasks": tasks}
 
 
-app = add_account_apis(App("todo", "A to-do app: task lists (with a color and a saved sort preference) and "
-                                   "tasks with due dates and priorities.", build))
+app = add_account_apis(
+    App(
+        "todo",
+        "A to-do app: task lists (with a color and a saved sort preference) and tasks with due dates and priorities.",
+        build,
+    )
+)
 
 
 def _sorted(tasks: list[dict], sort_by: str) -> list[dict]:
@@ -57,8 +71,14 @@ def show_lists(ctx: Ctx) -> list[dict[str, Any]]:
 
 
 @app.api()
-def show_list(ctx: Ctx, list_id: int, sort_by: SortBy | None = None, include_completed: bool = True,
-              page_index: int = 0, page_limit: int = 5) -> dict[str, Any]:
+def show_list(
+    ctx: Ctx,
+    list_id: int,
+    sort_by: SortBy | None = None,
+    include_completed: bool = True,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> dict[str, Any]:
     """Shows a list and one page of its tasks. `sort_by` only changes this view; it is not saved (use
     save_sort_preference to change the list's saved sort order).
 
@@ -135,9 +155,16 @@ def delete_list(ctx: Ctx, list_id: int) -> dict[str, str]:
 
 
 @app.api()
-def search_tasks(ctx: Ctx, query: str = "", list_id: int | None = None, completed: bool | None = None,
-                 priority: Priority | None = None, due_before: str | None = None, page_index: int = 0,
-                 page_limit: int = 5) -> list[dict[str, Any]]:
+def search_tasks(
+    ctx: Ctx,
+    query: str = "",
+    list_id: int | None = None,
+    completed: bool | None = None,
+    priority: Priority | None = None,
+    due_before: str | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches tasks across lists, by id.
 
     Args:
@@ -150,16 +177,22 @@ def search_tasks(ctx: Ctx, query: str = "", list_id: int | None = None, complete
       page_limit: results per page (at most 20).
     Returns: a list of tasks.
     """
-    hits = [t for t in ctx.db["tasks"] if contains(t["title"], query)
-            and (list_id is None or t["list_id"] == list_id) and (completed is None or t["completed"] == completed)
-            and (priority is None or t["priority"] == priority)
-            and (due_before is None or (t["due_date"] is not None and t["due_date"] < due_before))]
+    hits = [
+        t
+        for t in ctx.db["tasks"]
+        if contains(t["title"], query)
+        and (list_id is None or t["list_id"] == list_id)
+        and (completed is None or t["completed"] == completed)
+        and (priority is None or t["priority"] == priority)
+        and (due_before is None or (t["due_date"] is not None and t["due_date"] < due_before))
+    ]
     return page(hits, page_index, page_limit)
 
 
 @app.api()
-def create_task(ctx: Ctx, list_id: int, title: str, due_date: str | None = None,
-                priority: Priority = "Medium") -> dict[str, Any]:
+def create_task(
+    ctx: Ctx, list_id: int, title: str, due_date: str | None = None, priority: Priority = "Medium"
+) -> dict[str, Any]:
     """Adds a task to a list.
 
     Args:
@@ -170,15 +203,28 @@ def create_task(ctx: Ctx, list_id: int, title: str, due_date: str | None = None,
     Returns: the new task.
     """
     ctx.get("lists", list_id, "list")
-    t = {"id": ctx.new_id("tasks"), "list_id": list_id, "title": title, "due_date": due_date,
-         "priority": priority, "completed": False, "created_at": NOW}
+    t = {
+        "id": ctx.new_id("tasks"),
+        "list_id": list_id,
+        "title": title,
+        "due_date": due_date,
+        "priority": priority,
+        "completed": False,
+        "created_at": NOW,
+    }
     ctx.db["tasks"].append(t)
     return t
 
 
 @app.api()
-def update_task(ctx: Ctx, task_id: int, title: str | None = None, due_date: str | None = None,
-                priority: Priority | None = None, list_id: int | None = None) -> dict[str, Any]:
+def update_task(
+    ctx: Ctx,
+    task_id: int,
+    title: str | None = None,
+    due_date: str | None = None,
+    priority: Priority | None = None,
+    list_id: int | None = None,
+) -> dict[str, Any]:
     """Edits a task (fields left out stay as they are).
 
     Args:
@@ -223,5 +269,3 @@ def delete_task(ctx: Ctx, task_id: int) -> dict[str, str]:
     """
     ctx.db["tasks"].remove(ctx.get("tasks", task_id, "task"))
     return {"message": "Task deleted."}
-
-

@@ -25,23 +25,44 @@ def build(seed: int) -> dict[str, list[dict]]:
         while n in names:
             n = n + " East"
         names.add(n)
-        trails.append({"id": i + 1, "name": n, "location": ch(rng, data.CITIES[:5]),
-                       "activity": ch(rng, ACTIVITIES), "route_type": ch(rng, ROUTE_TYPES),
-                       "difficulty": ch(rng, DIFFICULTIES), "length_km": round(rng.uniform(1.5, 25), 1),
-                       "elevation_m": ri(rng, 20, 1400), "rating": round(rng.uniform(3, 5), 1)})
+        trails.append(
+            {
+                "id": i + 1,
+                "name": n,
+                "location": ch(rng, data.CITIES[:5]),
+                "activity": ch(rng, ACTIVITIES),
+                "route_type": ch(rng, ROUTE_TYPES),
+                "difficulty": ch(rng, DIFFICULTIES),
+                "length_km": round(rng.uniform(1.5, 25), 1),
+                "elevation_m": ri(rng, 20, 1400),
+                "rating": round(rng.uniform(3, 5), 1),
+            }
+        )
     bookmarks = [{"id": 1, "trail_id": ch(rng, trails)["id"]}]
     log = [{"id": 1, "trail_id": ch(rng, trails)["id"], "date": data.date(rng, -30, -1), "duration_minutes": 95}]
     return {"trails": trails, "bookmarks": bookmarks, "activity_log": log, "reviews": []}
 
 
-app = add_account_apis(App("trails", "Find outdoor trails for hiking, biking and running; bookmark them, log "
-                                     "your outings and write reviews.", build))
+app = add_account_apis(
+    App(
+        "trails",
+        "Find outdoor trails for hiking, biking and running; bookmark them, log your outings and write reviews.",
+        build,
+    )
+)
 
 
 @app.api()
-def search_trails(ctx: Ctx, location: str | None = None, activity: str | None = None, route_type: str | None = None,
-                  difficulty: str | None = None, max_length_km: float | None = None, page_index: int = 0,
-                  page_limit: int = 5) -> list[dict[str, Any]]:
+def search_trails(
+    ctx: Ctx,
+    location: str | None = None,
+    activity: str | None = None,
+    route_type: str | None = None,
+    difficulty: str | None = None,
+    max_length_km: float | None = None,
+    page_index: int = 0,
+    page_limit: int = 5,
+) -> list[dict[str, Any]]:
     """Searches trails, by id. All filters are exact and case-sensitive.
 
     Args:
@@ -55,10 +76,15 @@ def search_trails(ctx: Ctx, location: str | None = None, activity: str | None = 
     Returns: a list of trails {"id", "name", "location", "activity", "route_type", "difficulty", "length_km",
       "elevation_m", "rating"}.
     """
-    hits = [t for t in ctx.db["trails"] if (location is None or t["location"] == location)
-            and (activity is None or t["activity"] == activity) and (route_type is None or t["route_type"] == route_type)
-            and (difficulty is None or t["difficulty"] == difficulty)
-            and (max_length_km is None or t["length_km"] <= max_length_km)]
+    hits = [
+        t
+        for t in ctx.db["trails"]
+        if (location is None or t["location"] == location)
+        and (activity is None or t["activity"] == activity)
+        and (route_type is None or t["route_type"] == route_type)
+        and (difficulty is None or t["difficulty"] == difficulty)
+        and (max_length_km is None or t["length_km"] <= max_length_km)
+    ]
     return page(hits, page_index, page_limit)
 
 
@@ -139,7 +165,9 @@ def show_activity_log(ctx: Ctx, page_index: int = 0, page_limit: int = 5) -> lis
       page_limit: results per page (at most 20).
     Returns: a list of {"id", "trail_id", "date", "duration_minutes"}.
     """
-    return page(sorted(ctx.db["activity_log"], key=lambda e: (e["date"], e["id"]), reverse=True), page_index, page_limit)
+    return page(
+        sorted(ctx.db["activity_log"], key=lambda e: (e["date"], e["id"]), reverse=True), page_index, page_limit
+    )
 
 
 @app.api()
