@@ -235,6 +235,10 @@ def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
     for _ in range(2):
         with pytest.raises(NoServerError):
             SglangClient(["127.0.0.1:9"], connect_timeout_s=0.5)
+    # A leak is a thread that stays: under load a closing channel's thread can take a moment to end.
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not set(threading.enumerate()) - before, "a failed start left threads behind"
     admin = pb.Stub(grpc.insecure_channel(servers[0].grpc))
     admin.PauseGeneration(pb.PauseGenerationRequest(mode="in_place"), timeout=30)  # requests wait in the server
