@@ -515,6 +515,11 @@ class Checkpointer:
             if saved is not None:
                 keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "tie_word_embeddings")
                 hint = " (it was saved for " + ", ".join(f"{k}={saved.get(k)}" for k in keys) + ")"
+            if all(p.startswith("opt_state") for p in problems):
+                hint = (
+                    " (only the optimizer state differs: it was saved by another optimizer; resume with the optim.*"
+                    " settings the run was saved with, e.g. optim.name and optim.warmup_steps)"
+                )
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r} does not match the restore target{hint}:\n  "
                 + "\n  ".join(problems)

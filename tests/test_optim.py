@@ -164,7 +164,7 @@ def test_checkpoint_restores_the_schedule_step_count(tmp_path):
     with Checkpointer(tmp_path / "ckpt", keep=2, async_save=False) as ckpt:
         ckpt.save(3, params=params, opt_state=state, rng=None)
         r = ckpt.restore(abstract_params=params, abstract_opt_state=jax.eval_shape(tx.init, params))
-        with pytest.raises(CheckpointMismatchError, match="opt_state"):
+        with pytest.raises(CheckpointMismatchError, match=r"(?s)only the optimizer state differs.*optim\.\*.*opt_state"):
             plain = make_optimizer(0.8, name="sgd", grad_clip_norm=0.0)
             ckpt.restore(abstract_params=params, abstract_opt_state=jax.eval_shape(plain.init, params))
     assert [int(x) for x in jax.tree.leaves(r.opt_state)] == [3]
