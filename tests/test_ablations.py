@@ -19,8 +19,9 @@ import os
 
 import numpy as np
 import pytest
+from helpers import tiny_config, tiny_run_config
 
-from configs import ablations, base, sapi
+from configs import ablations, base
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
 from rltldr_jax.train.loop import Trainer
 
@@ -44,21 +45,20 @@ def teacher_dir(tmp_path_factory):
     return str(path)
 
 
-def _config(name: str, workdir: str, teacher: str):
-    c = sapi.get_config("tiny")
-    base.override(c, {
-        "workdir": workdir, "train.max_phases": 1, "train.checkpoint_every": 1000, "rollout.tasks_per_phase": 1,
-        "rollout.group_size": 2, "rollout.exact_group_size": True, "rollout.max_steps": 1, "rollout.max_think_tokens": 2,
+def _config(name: str, workdir: str, request: pytest.FixtureRequest):
+    # The shared tiny run (tests/helpers.py), with 1 action of a few tokens per attempt: at most 2 step examples
+    # and 1 insights-only example, so one optimizer step per phase.
+    c = tiny_run_config(workdir, 1, {
+        "train.checkpoint_every": 1000, "rollout.max_steps": 1, "rollout.max_think_tokens": 2,
         "rollout.max_action_tokens": 4, "insight.max_think_tokens": 2, "insight.max_action_tokens": 4,
-        "batch.ppo_epochs": 1, "batch.micro_batch_size": 4, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": 512,
-        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
     })  # fmt: skip
-    extra = {"insight.teacher.checkpoint": teacher} if ablations.ABLATIONS[name].overrides.get("insight.source") == "teacher" else {}
+    teacher = ablations.ABLATIONS[name].overrides.get("insight.source") == "teacher"  # the teacher is built only then
+    extra = {"insight.teacher.checkpoint": request.getfixturevalue("teacher_dir")} if teacher else {}
     return ablations.resolve(c, name, extra)
 
 
-def _phase(name: str, tmp_path, teacher: str):
-    config = _config(name, str(tmp_path / name), teacher)
+def _phase(name: str, tmp_path, request: pytest.FixtureRequest):
+    config = _config(name, str(tmp_path / name), request)
     trainer = Trainer(config)
     try:
         metrics = trainer.run_phase()
@@ -69,8 +69,8 @@ def _phase(name: str, tmp_path, teacher: str):
 
 
 @pytest.mark.parametrize("name", _params(RL))
-def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, teacher_dir):
-    config, m, rollouts = _phase(name, tmp_path, teacher_dir)
+def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, request):
+    config, m, rollouts = _phase(name, tmp_path, request)
     c = config.loss
     conditioned = [r for r in rollouts if r["insights"]]
     assert m["update/optimizer_steps"] == 1 and m["rollout/counts/attempts"] == 2
@@ -143,10 +143,9 @@ def test_offline_sft_entries(name, saved_run, tmp_path):
     from rltldr_jax.train.sft import run_sft
 
     run, tok, (hint_a, hint_b) = saved_run
-    c = sapi.get_config("tiny")
-    base.override(c, {"workdir": str(tmp_path / name), "sft.epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 1,
-                      "rollout.max_steps": 1, "rollout.max_think_tokens": 2, "rollout.max_action_tokens": 4,
-                      "batch.pad_to_multiple": 512})  # fmt: skip
+    c = tiny_config({"workdir": str(tmp_path / name), "sft.epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 1,
+                     "rollout.max_steps": 1, "rollout.max_think_tokens": 2, "rollout.max_action_tokens": 4,
+                     "batch.pad_to_multiple": 512}, validate=False)  # fmt: skip
     config = ablations.resolve(c, name, {"sft.rollouts_dir": run})
     metrics = run_sft(config)
     s = config.sft
@@ -167,7 +166,7 @@ def test_sft_needs_its_data(saved_run, tmp_path):
     from rltldr_jax.train.sft import run_sft
 
     def tiny():
-        return base.override(sapi.get_config("tiny"), {"workdir": str(tmp_path / "x")})
+        return tiny_config({"workdir": str(tmp_path / "x")}, validate=False)
 
     with pytest.raises(ValueError, match="sft.rollouts_dir is empty"):
         run_sft(ablations.resolve(tiny(), "sftldr"))

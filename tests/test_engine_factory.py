@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 
 import pytest
+from helpers import tiny_config
 
-from configs import base, sapi
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
 from rltldr_jax.engines.factory import EngineConfig, policy_engine, teacher_engine
@@ -15,9 +15,7 @@ from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
 
 
 def _tiny(**overrides):
-    c = sapi.get_config("tiny")
-    base.override(c, overrides)
-    return base.validate(c)
+    return tiny_config(overrides)
 
 
 def test_remote_policy_engines_need_their_servers(tiny_policy, tmp_path):

@@ -17,8 +17,8 @@ import time
 
 import jax.numpy as jnp
 import pytest
+from helpers import tiny_run_config
 
-from configs import base, sapi
 from rltldr_jax.engines import JaxEngine
 from rltldr_jax.engines.server import EngineService, start_server
 from rltldr_jax.engines.sglang_client import SglangClient
@@ -62,16 +62,10 @@ def servers(tmp_path_factory):
             log.close()
 
 
-def _config(workdir: str, servers: list[str], **overrides):
-    c = sapi.get_config("tiny")
-    base.override(c, {
-        "workdir": workdir, "engine.kind": "grpc", "engine.servers": ",".join(servers), "train.max_phases": 1,
-        "rollout.tasks_per_phase": 1, "rollout.group_size": 2, "rollout.exact_group_size": True, "rollout.max_steps": 1,
-        "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1,
-        # Keep the all-failure group, so that its actions reach the GRPO term and the logprob gap is measured.
-        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0, **overrides,
-    })  # fmt: skip
-    return base.validate(c)
+def _config(workdir: str, servers: list[str]):
+    """The shared tiny run (tests/helpers.py: its filters keep the all-failure group, so that its actions reach the
+    GRPO term and the logprob gap is measured), 1 action per attempt, sampled by `servers`."""
+    return tiny_run_config(workdir, 1, {"engine.kind": "grpc", "engine.servers": ",".join(servers), "rollout.max_steps": 1})
 
 
 def _push(servers: list[str], model, path: str, version: int) -> None:

@@ -9,8 +9,9 @@ import json
 import time
 
 import pytest
+from helpers import tiny_config
 
-from configs.base import apply_tiny, get_config
+from configs.base import get_config
 from rltldr_jax.agent.generation import shorten
 from rltldr_jax.agent.insight import (
     ROLLOUT_END,
@@ -272,17 +273,11 @@ def test_verifier_source_on_leetcode_reports():
 
 
 def test_verifier_writer_needs_no_engine(tokenizer):
-    writer = InsightWriter.from_config(_tiny_config(), tokenizer, engine=None)
+    writer = InsightWriter.from_config(tiny_config(), tokenizer, engine=None)
     writer_output = asyncio.run(writer.write(_failed()))
     assert writer_output.insight == "Make sure that the playlist has length >= the workout length (this attempt had length=2712)."
     assert writer_output.parse_error is None and writer_output.prompt_tokens == writer_output.completion_tokens == 0
     assert asyncio.run(writer.write(_failed(success=True))).insight is None
-
-
-def _tiny_config():
-    config = get_config()
-    apply_tiny(config)
-    return config
 
 
 # ------------------------------------------------------------------------------------------------ generation

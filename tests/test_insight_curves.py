@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import tiny_config
 
-from configs import base, sapi
 from rltldr_jax.agent.insight import InsightWriter, rule_insight
 from rltldr_jax.analysis import insight_curves as ic
 from rltldr_jax.envs import make_env
@@ -76,10 +76,8 @@ def test_modes_schedules_and_errors():
 
 
 def _config():
-    c = sapi.get_config("tiny")
-    base.override(c, {"rollout.max_steps": 1, "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8,
-                      "eval.num_tasks": 2, "insight.max_insights": 16})  # fmt: skip
-    return base.validate(c)
+    return tiny_config({"rollout.max_steps": 1, "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8,
+                        "eval.num_tasks": 2, "insight.max_insights": 16})  # fmt: skip
 
 
 def test_curve_tasks_select_like_eval_tasks():

@@ -33,15 +33,35 @@ def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
     return [tuple(rng.integers(0, 256, size=rng.integers(3, 30)).tolist()) for _ in range(n)]
 
 
+# The references below run on ids right-padded to REF_LEN (every engine here has max_len <= 100): the model is causal,
+# so the padding changes no earlier position, and each reference compiles once per model, not once per length.
+REF_LEN = 128
+_FORWARD = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
+_LOGITS = jax.jit(lambda m, x: m(x))
+
+
+def _padded(ids) -> jnp.ndarray:
+    assert len(ids) <= REF_LEN
+    return jnp.asarray([(*ids, *([0] * (REF_LEN - len(ids))))], jnp.int32)
+
+
+def _teacher_forced(model, prompt, completion) -> np.ndarray:
+    """log π(completion | prompt) token by token, float32, from one full forward."""
+    return np.asarray(_FORWARD(model, _padded((*prompt, *completion))))[0, len(prompt) : len(prompt) + len(completion)]
+
+
+def _full_logits(model, ids) -> np.ndarray:
+    """The model's logits at every position of `ids`, from one full forward."""
+    return np.asarray(_LOGITS(model, _padded(ids)))[0, : len(ids)]
+
+
 def test_logprobs_equal_teacher_forced(engine, model):
     """Temperature 1, no truncation: the engine's logprobs are the model's logprobs of the same ids."""
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(_prompts(6))]
     results = engine.generate_many(requests)  # 6 requests on 4 slots: two are admitted as others finish
-    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
     for request, result in zip(requests, results):
         assert result.finish_reason == "length" and len(result.token_ids) == 12
-        ids = jnp.asarray([request.prompt_ids + result.token_ids])
-        expected = np.asarray(forward(model, ids))[0, len(request.prompt_ids) :]
+        expected = _teacher_forced(model, request.prompt_ids, result.token_ids)
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
 
 
@@ -58,11 +78,10 @@ def test_padded_prefill_bucket(model):
         for _ in requests:
             assert finished.acquire(timeout=120)
         assert engine.running
-    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
     for request in requests:
         result = results[request.request_id]
         assert len(result.token_ids) == 3
-        expected = np.asarray(forward(model, jnp.asarray([request.prompt_ids + result.token_ids])))[0, len(request.prompt_ids) :]
+        expected = _teacher_forced(model, request.prompt_ids, result.token_ids)
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
 
 
@@ -90,7 +109,7 @@ def test_greedy_is_deterministic_and_argmax(engine, model):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     a, b = engine.generate_many([GenerationRequest(prompt, greedy), GenerationRequest(prompt, greedy)])
     assert a.token_ids == b.token_ids
-    logits = np.asarray(jax.jit(lambda m, x: m(x))(model, jnp.asarray([prompt + a.token_ids])))[0]
+    logits = _full_logits(model, prompt + a.token_ids)
     n = len(prompt)
     assert list(a.token_ids) == logits[n - 1 : n - 1 + 8].argmax(-1).tolist()
 
@@ -110,17 +129,15 @@ def test_stop_tokens_and_budget(engine):
 def test_weight_update_changes_outputs_and_version(model):
     prompt = _prompts(1, seed=8)[0]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-    with JaxEngine(model, max_batch=2, max_len=64) as engine:
+    with JaxEngine(model, max_batch=4, max_len=96) as engine:  # the module engine's shapes: no new compile
         before = engine.generate_many([GenerationRequest(prompt, greedy)])[0]
         other = ModelSpec(CONFIG).build(seed=1)
         engine.update_weights(nnx.state(other), version=3)
         after = engine.generate_many([GenerationRequest(prompt, greedy)])[0]
     assert before.weight_version == 0 and after.weight_version == 3
     # The new weights produced the output: its logprobs are the new model's, not the old one's.
-    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
-    ids = jnp.asarray([prompt + after.token_ids])
-    np.testing.assert_allclose(after.logprobs, np.asarray(forward(other, ids))[0, len(prompt) :], atol=2e-5)
-    assert np.abs(np.asarray(forward(model, ids))[0, len(prompt) :] - np.asarray(after.logprobs)).max() > 1e-2
+    np.testing.assert_allclose(after.logprobs, _teacher_forced(other, prompt, after.token_ids), atol=2e-5)
+    assert np.abs(_teacher_forced(model, prompt, after.token_ids) - np.asarray(after.logprobs)).max() > 1e-2
 
 
 def test_asyncio_generate_many_in_flight(engine):
@@ -160,7 +177,7 @@ def test_pause_in_place_update_resume(model):
     """pause → update_weights → resume: running requests keep their tokens and finish with the new version."""
     prompt = _prompts(1, seed=10)[0]
     other = ModelSpec(CONFIG).build(seed=1)
-    with JaxEngine(model, max_batch=2, max_len=64) as engine:
+    with JaxEngine(model, max_batch=4, max_len=96) as engine:  # the module engine's shapes: no new compile
         engine.pause()
         results, finished = [], threading.Event()
         engine.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=6, seed=1)), lambda r: (results.append(r), finished.set()))
@@ -169,9 +186,7 @@ def test_pause_in_place_update_resume(model):
         engine.resume()
         assert finished.wait(120)
     assert results[0].weight_version == 5 and len(results[0].token_ids) == 6
-    forward = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
-    ids = jnp.asarray([prompt + results[0].token_ids])
-    np.testing.assert_allclose(results[0].logprobs, np.asarray(forward(other, ids))[0, len(prompt) :], atol=2e-5)
+    np.testing.assert_allclose(results[0].logprobs, _teacher_forced(other, prompt, results[0].token_ids), atol=2e-5)
 
 
 def test_abort_one_and_pause_abort_all(model):
@@ -228,14 +243,6 @@ def test_sampling_frequencies_match_the_distribution():
     assert freq[17] == 0  # zero-probability tokens are never drawn
     assert np.abs(freq - probs).max() < 4 * np.sqrt(probs.max() / n)
     np.testing.assert_allclose(np.asarray(lp), np.log(probs[np.asarray(tokens)]), rtol=1e-5, atol=1e-5)
-
-
-_FORWARD = jax.jit(lambda m, x: sequence_logprobs(m, x)[0])
-
-
-def _teacher_forced(model, prompt, completion) -> np.ndarray:
-    """log π(completion | prompt) token by token, float32, from one full forward."""
-    return np.asarray(_FORWARD(model, jnp.asarray([(*prompt, *completion)])))[0, len(prompt) :]
 
 
 def test_prefix_cache_hits_are_bit_identical_to_misses(model):
@@ -299,10 +306,9 @@ def test_bf16_weights_logprobs_are_close_to_fp32(model):
         after = bf16.generate_many(greedy[:1])[0]
     gaps = np.concatenate([_teacher_forced(model, r.prompt_ids, o.token_ids) - o.logprobs for r, o in zip(sampled, ours)])
     assert np.abs(gaps).max() < 0.05 and abs(gaps.mean()) < 0.005
-    logits = jax.jit(lambda m, x: m(x))
     for r, o in zip(greedy, ours_greedy):
         n = len(r.prompt_ids)
-        full = np.asarray(logits(model, jnp.asarray([(*r.prompt_ids, *o.token_ids)])))[0, n - 1 : n - 1 + len(o.token_ids)]
+        full = _full_logits(model, (*r.prompt_ids, *o.token_ids))[n - 1 : n - 1 + len(o.token_ids)]
         chosen = np.take_along_axis(full, np.asarray(o.token_ids)[:, None], axis=-1)[:, 0]
         assert (full.max(-1) - chosen).max() < 0.05
     assert sum(o.token_ids == f.token_ids for o, f in zip(ours_greedy, reference)) >= 6

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from helpers import tiny_run_config as _config
 
 from configs import base
 from rltldr_jax.agent.collector import Collector
@@ -25,7 +26,6 @@ from rltldr_jax.envs.sapi.tasks import generate_tasks
 from rltldr_jax.train import loop
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.step import NonFiniteError
-from test_train_loop import _config
 
 
 def _overlapped(workdir: str, phases: int):

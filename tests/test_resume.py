@@ -15,7 +15,9 @@ import sys
 import time
 
 import pytest
+from helpers import tiny_run_config as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_checkpoint import _failing_writes, _orbax_data_files
 
 from configs import base
 from rltldr_jax.checkpoint import CheckpointSaveError, CorruptCheckpointError
@@ -31,8 +33,6 @@ from rltldr_jax.train.resume import (
     prepare_workdir,
     rollouts_from,
 )
-from test_checkpoint import _failing_writes, _orbax_data_files
-from test_train_loop import _config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

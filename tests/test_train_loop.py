@@ -9,6 +9,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_run_config as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import base, sapi
@@ -25,19 +26,6 @@ REQUIRED_TAGS = (
     "insight/parse_failures", "insight/written", "time/weight_sync_s", "time/collect_s", "time/update_s",
     "eval/pass@1/all", "eval/pass@2/all",
 )  # fmt: skip
-
-
-def _config(workdir: str, phases: int):
-    c = sapi.get_config("tiny")
-    base.override(c, {
-        "workdir": workdir, "train.max_phases": phases, "rollout.tasks_per_phase": 1, "rollout.group_size": 2,
-        "rollout.exact_group_size": True, "rollout.max_steps": 2, "rollout.max_think_tokens": 4,
-        "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 2,
-        # Keep the all-failure group (advantage 0) so that its actions reach the GRPO term: the importance ratio
-        # and clip fraction are then measured, not 0/0.
-        "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
-    })  # fmt: skip
-    return base.validate(c)
 
 
 def _host(tree) -> list[np.ndarray]:

@@ -10,13 +10,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from helpers import tiny_config
 
-from configs import base, sapi
 from rltldr_jax.models import ModelSpec, get_preset
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.batching import Example, pack
 from rltldr_jax.train.loop import UpdateConfig, update_phase
 from rltldr_jax.train.report import phase_line
-from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.setup import ShardedUpdate
 from rltldr_jax.train.step import LossConfig, NonFiniteError, NonFiniteGuard, make_optimizer
 
@@ -31,12 +31,10 @@ def model():
 
 
 def _config(max_skips: int = 5, ppo_epochs: int = 1):
-    c = sapi.get_config("tiny")
     # The examples' sampler logprobs are made up, not sampled: the logprob-gap guard would stop every phase.
-    base.override(c, {"batch.micro_batch_size": 1, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": T,
-                      "batch.ppo_epochs": ppo_epochs, "train.max_nonfinite_skips": max_skips,
-                      "train.max_logprob_gap": 0.0})  # fmt: skip
-    return base.validate(c)
+    return tiny_config({"batch.micro_batch_size": 1, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": T,
+                        "batch.ppo_epochs": ppo_epochs, "train.max_nonfinite_skips": max_skips,
+                        "train.max_logprob_gap": 0.0})  # fmt: skip
 
 
 def _update(model, config) -> ShardedUpdate:
@@ -121,7 +119,7 @@ def test_the_guard_counts_only_skips_in_a_row():
 def test_grad_clip_norm_zero_means_no_clipping():
     """optim.grad_clip_norm=0 is valid and turns clipping off. With eps=1 Adam's first step is g / (|g| + 1): 10/11
     unclipped, 0.5 after clipping to norm 1."""
-    base.validate(base.override(sapi.get_config("tiny"), {"optim.grad_clip_norm": 0.0}))
+    tiny_config({"optim.grad_clip_norm": 0.0})
     params, grads = {"w": np.zeros(1, np.float32)}, {"w": np.full(1, 10.0, np.float32)}
     for clip, step in ((0.0, 10 / 11), (1.0, 0.5)):
         tx = make_optimizer(1.0, eps=1.0, grad_clip_norm=clip)

@@ -1,0 +1,37 @@
+"""Builders the tests share: the `tiny` config and the one small Trainer run the end-to-end tests start from.
+
+Every test that builds a Trainer on the tiny preset starts from `tiny_run_config`, so that the suite compiles one
+set of shapes (the engine's, the train step's) and the on-disk compilation cache of tests/conftest.py serves the
+rest; a test overrides only the keys it checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from configs import base, sapi
+
+#: One small phase of the tiny preset: 1 task, 2 attempts of at most 2 actions of a few tokens, trained in micro-batches
+#: of the preset's shape (4 examples padded to 1024 tokens: one train-step program per loss configuration), and a
+#: 1-task evaluation of 2 attempts. The filters are off so that a random policy's all-failure group (advantage 0)
+#: still reaches the GRPO term: the importance ratio, clip fraction and logprob gap are measured, not 0/0.
+TINY_RUN: dict[str, Any] = {
+    "rollout.tasks_per_phase": 1, "rollout.group_size": 2, "rollout.exact_group_size": True, "rollout.max_steps": 2,
+    "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1, "eval.num_tasks": 1,
+    "eval.attempts_per_task": 2, "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
+}  # fmt: skip
+
+
+def tiny_config(overrides: dict[str, Any] | None = None, *, validate: bool = True) -> ml_collections.ConfigDict:
+    """configs/sapi.py:tiny with `overrides` (dotted keys), validated unless `validate=False`."""
+    c = base.override(sapi.get_config("tiny"), dict(overrides or {}))
+    return base.validate(c) if validate else c
+
+
+def tiny_run_config(
+    workdir: str, phases: int = 1, overrides: dict[str, Any] | None = None
+) -> ml_collections.ConfigDict:
+    """`tiny_config` with `TINY_RUN`, in `workdir`, for `phases` phases; `overrides` last."""
+    return tiny_config({"workdir": workdir, "train.max_phases": phases, **TINY_RUN, **(overrides or {})})
