@@ -120,10 +120,21 @@ def _sapi_tasks_generated_once():
 # them and the many short modules fill in at the end (with `--no-loadscope-reorder`; by default xdist would start
 # with the modules that hold the most tests, and end on a worker running the notebooks alone).
 LONGEST_MODULES = (
-    "test_notebooks.py", "test_ablations.py", "test_replication.py", "test_resume.py", "test_collection_benchmark.py",
-    "test_train_loop.py", "test_qwen3_5.py", "test_jax_engine.py", "test_initial_weights.py", "test_overlap.py",
-    "test_multihost.py", "test_attention.py", "test_device_benchmark.py", "test_sharding.py",
-)  # fmt: skip
+    "test_notebooks.py",
+    "test_ablations.py",
+    "test_replication.py",
+    "test_resume.py",
+    "test_collection_benchmark.py",
+    "test_train_loop.py",
+    "test_qwen3_5.py",
+    "test_jax_engine.py",
+    "test_initial_weights.py",
+    "test_overlap.py",
+    "test_multihost.py",
+    "test_attention.py",
+    "test_device_benchmark.py",
+    "test_sharding.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

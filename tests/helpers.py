@@ -18,10 +18,18 @@ from configs import base, sapi
 #: 1-task evaluation of 2 attempts. The filters are off so that a random policy's all-failure group (advantage 0)
 #: still reaches the GRPO term: the importance ratio, clip fraction and logprob gap are measured, not 0/0.
 TINY_RUN: dict[str, Any] = {
-    "rollout.tasks_per_phase": 1, "rollout.group_size": 2, "rollout.exact_group_size": True, "rollout.max_steps": 2,
-    "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8, "batch.ppo_epochs": 1, "eval.num_tasks": 1,
-    "eval.attempts_per_task": 2, "loss.filter_zero_advantage": False, "loss.positive_ratio": 0.0,
-}  # fmt: skip
+    "rollout.tasks_per_phase": 1,
+    "rollout.group_size": 2,
+    "rollout.exact_group_size": True,
+    "rollout.max_steps": 2,
+    "rollout.max_think_tokens": 4,
+    "rollout.max_action_tokens": 8,
+    "batch.ppo_epochs": 1,
+    "eval.num_tasks": 1,
+    "eval.attempts_per_task": 2,
+    "loss.filter_zero_advantage": False,
+    "loss.positive_ratio": 0.0,
+}
 
 
 def tiny_config(overrides: dict[str, Any] | None = None, *, validate: bool = True) -> ml_collections.ConfigDict:

@@ -41,17 +41,27 @@ def _params(names):
 def teacher_dir(tmp_path_factory):
     """A tiny random 2-layer Qwen 3.5 as the "teacher" of the Table 3 generator rows (its own embedded engine)."""
     path = tmp_path_factory.mktemp("teacher") / "hf"
-    save_pretrained(ModelSpec(dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=())).build(seed=3), path)
+    save_pretrained(
+        ModelSpec(dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=())).build(seed=3), path
+    )
     return str(path)
 
 
 def _config(name: str, workdir: str, request: pytest.FixtureRequest):
     # The shared tiny run (tests/helpers.py), with 1 action of a few tokens per attempt: at most 2 step examples
     # and 1 insights-only example, so one optimizer step per phase.
-    c = tiny_run_config(workdir, 1, {
-        "train.checkpoint_every": 1000, "rollout.max_steps": 1, "rollout.max_think_tokens": 2,
-        "rollout.max_action_tokens": 4, "insight.max_think_tokens": 2, "insight.max_action_tokens": 4,
-    })  # fmt: skip
+    c = tiny_run_config(
+        workdir,
+        1,
+        {
+            "train.checkpoint_every": 1000,
+            "rollout.max_steps": 1,
+            "rollout.max_think_tokens": 2,
+            "rollout.max_action_tokens": 4,
+            "insight.max_think_tokens": 2,
+            "insight.max_action_tokens": 4,
+        },
+    )
     teacher = ablations.ABLATIONS[name].overrides.get("insight.source") == "teacher"  # the teacher is built only then
     extra = {"insight.teacher.checkpoint": request.getfixturevalue("teacher_dir")} if teacher else {}
     return ablations.resolve(c, name, extra)
@@ -75,7 +85,11 @@ def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, request):
     conditioned = [r for r in rollouts if r["insights"]]
     assert m["update/optimizer_steps"] == 1 and m["rollout/counts/attempts"] == 2
     # The step's loss uses exactly the entry's coefficients: a zero weight means no gradient from that term.
-    expected = c.grpo_coef * m["update/grpo_loss"] + c.lam * m["update/sft_nll"] + c.writer_sft_coef * m["update/writer_sft_nll"]
+    expected = (
+        c.grpo_coef * m["update/grpo_loss"]
+        + c.lam * m["update/sft_nll"]
+        + c.writer_sft_coef * m["update/writer_sft_nll"]
+    )
     np.testing.assert_allclose(m["update/loss"], expected, rtol=1e-5, atol=1e-6)
     assert m["update/grpo_tokens"] > 0  # the (zero-advantage) actions reach the GRPO term
 
@@ -121,7 +135,13 @@ def saved_run(tmp_path_factory, builder):
     tok = builder.tokenizer
 
     def step(action: str) -> StepRecord:
-        ids = (*tok.encode("Plan."), tok.think_end_id, *tok.encode("\n\n"), *tok.encode(f"```python\n{action}\n```"), tok.im_end_id)
+        ids = (
+            *tok.encode("Plan."),
+            tok.think_end_id,
+            *tok.encode("\n\n"),
+            *tok.encode(f"```python\n{action}\n```"),
+            tok.im_end_id,
+        )
         return StepRecord(ids, (False,) * len(ids), tuple([-0.5] * len(ids)), action, "ok", 0)
 
     a, b = Task("sapi/a", "Do A.", "sapi", "train"), Task("sapi/b", "Do B.", "sapi", "train")
@@ -143,15 +163,29 @@ def test_offline_sft_entries(name, saved_run, tmp_path):
     from rltldr_jax.train.sft import run_sft
 
     run, tok, (hint_a, hint_b) = saved_run
-    c = tiny_config({"workdir": str(tmp_path / name), "sft.epochs": 1, "eval.num_tasks": 1, "eval.attempts_per_task": 1,
-                     "rollout.max_steps": 1, "rollout.max_think_tokens": 2, "rollout.max_action_tokens": 4,
-                     "batch.pad_to_multiple": 512}, validate=False)  # fmt: skip
+    c = tiny_config(
+        {
+            "workdir": str(tmp_path / name),
+            "sft.epochs": 1,
+            "eval.num_tasks": 1,
+            "eval.attempts_per_task": 1,
+            "rollout.max_steps": 1,
+            "rollout.max_think_tokens": 2,
+            "rollout.max_action_tokens": 4,
+            "batch.pad_to_multiple": 512,
+        },
+        validate=False,
+    )
     config = ablations.resolve(c, name, {"sft.rollouts_dir": run})
     metrics = run_sft(config)
     s = config.sft
     per_step = len(tok.encode("Plan.")) + 1 + len(tok.encode("\n\n")) + len(tok.encode("```python\nx = 2\n```")) + 1
     if s.data == "rollouts":  # the one successful attempt (2 steps), every sampled token; insights not trained
-        assert metrics["sft/attempts"] == 1 and metrics["sft/examples"] == 2 and metrics["sft/target_tokens"] == 2 * per_step
+        assert (
+            metrics["sft/attempts"] == 1
+            and metrics["sft/examples"] == 2
+            and metrics["sft/target_tokens"] == 2 * per_step
+        )
     elif s.deduplicate:  # unique (task, insight): 2 examples, each insight once
         assert metrics["sft/examples"] == 2
         assert metrics["sft/target_tokens"] == len(tok.encode(hint_a.text)) + len(tok.encode(hint_b.text))
@@ -189,4 +223,6 @@ def test_sft_needs_its_data(saved_run, tmp_path):
         held.close()
     with pytest.raises(FileNotFoundError, match="rollout.save_rollouts=True"):  # --restart moved the old run aside
         run_sft(config, restart=True)
-    assert [d for d in os.listdir(tmp_path) if d.startswith("x.old-")] and not os.path.exists(tmp_path / "x" / "checkpoints")
+    assert [d for d in os.listdir(tmp_path) if d.startswith("x.old-")] and not os.path.exists(
+        tmp_path / "x" / "checkpoints"
+    )

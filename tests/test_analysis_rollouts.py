@@ -59,7 +59,9 @@ def _task(name: str) -> Task:
     return Task(f"sapi/{name}", f"Do task {name}.", "sapi", "train", {"n": name})
 
 
-def _attempt(task: Task, index: int, success: bool, insights=(), steps: tuple[StepRecord, ...] | None = None) -> Attempt:
+def _attempt(
+    task: Task, index: int, success: bool, insights=(), steps: tuple[StepRecord, ...] | None = None
+) -> Attempt:
     if steps is None:
         steps = (StepRecord((1, 2, 3), (False,) * 3, (-0.5,) * 3, "x = 1", "ok", 0),)
     report = "" if success else "FAILED: assert x == 1"
@@ -195,8 +197,18 @@ def test_revisited_tasks(records):
     res = ro.revisited_tasks(records)
     by = {t.task_id: t for t in res.tasks}
     assert set(by) == {"sapi/A", "sapi/B"} and res.unpaired_revisited == 1  # G: no plain attempt in phase 2
-    assert (by["sapi/A"].first_phase, by["sapi/A"].last_phase, by["sapi/A"].first_rate, by["sapi/A"].last_rate) == (0, 3, 0.0, 1.0)
-    assert (by["sapi/B"].first_rate, by["sapi/B"].last_rate, by["sapi/B"].n_first, by["sapi/B"].n_last) == (0.5, 1.0, 2, 1)
+    assert (by["sapi/A"].first_phase, by["sapi/A"].last_phase, by["sapi/A"].first_rate, by["sapi/A"].last_rate) == (
+        0,
+        3,
+        0.0,
+        1.0,
+    )
+    assert (by["sapi/B"].first_rate, by["sapi/B"].last_rate, by["sapi/B"].n_first, by["sapi/B"].n_last) == (
+        0.5,
+        1.0,
+        2,
+        1,
+    )
     assert res.n == 2 and res.mean_first == pytest.approx(0.25) and res.mean_last == pytest.approx(1.0)
     assert res.change == pytest.approx(0.75) and res.p_value == pytest.approx(0.5)  # differences 1.0, 0.5
     # Never revisited: C 0.0, D 0.25 (first half) vs E 1.0, F 0.5 (second half); H has no plain attempt.
@@ -206,16 +218,30 @@ def test_revisited_tasks(records):
 
 
 def test_insight_categories(records):
-    assert ro.classify_insight("Use uppercase PM instead of lowercase pm when setting the alarm.") == "Wrong capitalization"
-    assert ro.classify_insight("Use uppercase PM when setting the alarm.") == "Wrong capitalization"  # 1:1 tie → earlier
+    assert (
+        ro.classify_insight("Use uppercase PM instead of lowercase pm when setting the alarm.")
+        == "Wrong capitalization"
+    )
+    assert (
+        ro.classify_insight("Use uppercase PM when setting the alarm.") == "Wrong capitalization"
+    )  # 1:1 tie → earlier
     assert ro.classify_insight(I_OTHER1) == "Other" and ro.classify_insight(I7) == "Argument position"
     assert ro.category_scores(I_EXTRA)["Extra parameter"] == 3  # "without passing", "answer parameter", "parameter"
     res = ro.insight_categories(records)
     # 12 written insights: I1, I2 | I3 | I4, I5, I5 | I6, I7 | extra | unsaved | other ×2
-    expected = {"Wrong capitalization": 2, "Unrecorded action": 3, "Extra parameter": 1, "Unsaved setting": 1,
-                "Over-filtering": 1, "Argument position": 2, "Other": 2}  # fmt: skip
+    expected = {
+        "Wrong capitalization": 2,
+        "Unrecorded action": 3,
+        "Extra parameter": 1,
+        "Unsaved setting": 1,
+        "Over-filtering": 1,
+        "Argument position": 2,
+        "Other": 2,
+    }
     assert res.n == 12 and res.counts == expected
-    assert res.shares == pytest.approx({k: v / 12 for k, v in expected.items()}) and sum(res.shares.values()) == pytest.approx(1)
+    assert res.shares == pytest.approx({k: v / 12 for k, v in expected.items()}) and sum(
+        res.shares.values()
+    ) == pytest.approx(1)
     unique = ro.insight_categories(records, unique=True)  # B's I5 written twice in phase 2 counts once
     assert unique.n == 11 and unique.counts["Unrecorded action"] == 2
 
@@ -225,9 +251,10 @@ def test_writers(records, tmp_path):
     paths += ro.write_revisits(ro.revisited_tasks(records), tmp_path)
     paths += ro.write_categories(ro.insight_categories(records), tmp_path)
     assert sorted(os.path.basename(p) for p in paths) == sorted(
-        f"{n}{s}" for n, x in (("evolution", "tasks"), ("revisits", "tasks"), ("categories", "insights"))
+        f"{n}{s}"
+        for n, x in (("evolution", "tasks"), ("revisits", "tasks"), ("categories", "insights"))
         for s in (".csv", f"_{x}.csv", ".png")
-    )  # fmt: skip
+    )
     for p in paths:
         if p.endswith(".png"):
             assert pathlib.Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(p) > 5000
@@ -258,7 +285,10 @@ def reliance_run(tmp_path_factory, tokenizer):
     tok = tokenizer
     r1, r2 = _task("R1"), _task("R2")
     h1, h2, h3 = Insight(I1, 1), Insight(I3, 1), Insight(I4, 2)
-    two = (_step(tok, "Check the docs.", "print(apis)", forced_close=True), _step(tok, "Done.", "apis.done()", obs=None))
+    two = (
+        _step(tok, "Check the docs.", "print(apis)", forced_close=True),
+        _step(tok, "Done.", "apis.done()", obs=None),
+    )
     phase0 = PhaseResult(
         (_attempt(r1, 1, F, (), two), _attempt(r1, 2, S, (h1,), two), _attempt(r1, 3, S, (), two)),
         ((r1.task_id, 1, WriterOutput(I1, {}, None, 0, 0)),),
@@ -305,7 +335,10 @@ def test_insight_reliance_matches_independent_logprobs(reliance_run, reliance_re
     model, _ = tiny_policy
     records = ro.load_rollouts(reliance_run)
     res = reliance_result
-    assert [(a.task_id, a.phase, a.attempt, a.n_insights) for a in res.attempts] == [("sapi/R1", 0, 2, 1), ("sapi/R2", 1, 2, 2)]
+    assert [(a.task_id, a.phase, a.attempt, a.n_insights) for a in res.attempts] == [
+        ("sapi/R1", 0, 2, 1),
+        ("sapi/R2", 1, 2, 2),
+    ]
     expected = []
     for a in res.attempts:
         rec = next(r for r in records if (r.task_id, r.phase, r.attempt.index) == (a.task_id, a.phase, a.attempt))
@@ -314,7 +347,9 @@ def test_insight_reliance_matches_independent_logprobs(reliance_run, reliance_re
         assert a.reliance == pytest.approx(diff / n, abs=1e-4) and a.reliance != 0.0
         expected.append(diff / n)
     assert res.split == 1.0 and (res.n_first, res.n_second) == (1, 1)
-    assert res.first_half == pytest.approx(expected[0], abs=1e-4) and res.second_half == pytest.approx(expected[1], abs=1e-4)
+    assert res.first_half == pytest.approx(expected[0], abs=1e-4) and res.second_half == pytest.approx(
+        expected[1], abs=1e-4
+    )
     assert [(p, n) for p, _, n in res.per_phase] == [(0, 1), (1, 1)]
     # A policy per phase: none for phase 0 (skipped), the same model for phase 1 (same value).
     per_phase = insight_reliance(records, lambda phase: None if phase == 0 else model, builder, batch_size=2)
@@ -335,8 +370,14 @@ def test_cli(reliance_run, reliance_result, tmp_path, tiny_policy, builder):
 
     def cli(*args):
         env = dict(os.environ, JAX_PLATFORMS="cpu")
-        return subprocess.run([sys.executable, os.path.join(REPO, "launch", "analyze_rollouts.py"), *args],
-                              capture_output=True, text=True, env=env, timeout=300, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, os.path.join(REPO, "launch", "analyze_rollouts.py"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
 
     # No rollouts: exit 2 with the fix.
     bad = cli(f"--run={tmp_path / 'nothing'}", "--analysis=revisits")
@@ -351,7 +392,9 @@ def test_cli(reliance_run, reliance_result, tmp_path, tiny_policy, builder):
     assert f"tokenizer {hf}, thinking=True" in done.stdout and "HF checkpoint" in done.stdout
     rows = _csv_dicts(out / "reliance_attempts.csv")
     assert [r["task_id"] for r in rows] == ["sapi/R1", "sapi/R2"]
-    assert [float(r["reliance"]) for r in rows] == pytest.approx([a.reliance for a in reliance_result.attempts], abs=1e-4)
+    assert [float(r["reliance"]) for r in rows] == pytest.approx(
+        [a.reliance for a in reliance_result.attempts], abs=1e-4
+    )
     # The model-free ones: R1 and R2 are each visited once (never revisited; no evolution), one insight (I1).
     assert dict(_read_csv(out / "evolution.csv"))["n_tasks"] == "0"
     revisits = dict(_read_csv(out / "revisits.csv"))
@@ -374,8 +417,14 @@ def test_reliance_with_training_checkpoints(reliance_run, reliance_result, build
     model = tiny_policy[0]
     directory = str(tmp_path / "checkpoints")
     with Checkpointer(directory, keep=None, async_save=False) as ckpt:  # step 1 = the weights that sampled phase 1
-        ckpt.save(1, params=nnx.state(model), opt_state=None, rng=None, model_config=model.config,
-                  meta={"config": {"tokenizer": "", "rollout": {"thinking": False}}})  # fmt: skip
+        ckpt.save(
+            1,
+            params=nnx.state(model),
+            opt_state=None,
+            rng=None,
+            model_config=model.config,
+            meta={"config": {"tokenizer": "", "rollout": {"thinking": False}}},
+        )
     assert recorded_run_config(directory)["rollout"] == {"thinking": False}
     assert recorded_run_config(str(tmp_path / "absent")) == {}
     policy = per_phase_policy(directory)

@@ -134,7 +134,10 @@ def test_appworld_venv_is_the_pydantic1_world():
     code = "import importlib.metadata as m, appworld.apps.api_docs; print(m.version('appworld'), m.version('pydantic'))"
     out = subprocess.run(
         [str(PYTHON), "-c", code],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split()
     assert out[0] == "0.1.3.post1" and out[1].startswith("1.")
 
@@ -203,7 +206,7 @@ def evaluate(test, predicted_answer, ground_truth_answer):
         test.case([1, 2], "==", [1, 3])
 '''
 
-_MAKE_TRACKER = '''
+_MAKE_TRACKER = """
 import json, sys
 sys.path.insert(0, ".")
 from appworld.evaluator import TestTracker
@@ -212,7 +215,7 @@ requirements = ["assert no model changes.", "assert answers match.", "assert the
 tracker = TestTracker(test_data=[{"requirement": r, "label": "no_op_fail"} for r in requirements], difficulty=2)
 evaluation.evaluate(tracker, 1538.0, 1592.0)
 print(json.dumps({"dict": tracker.to_dict(stats_only=False), "report": tracker.report(print_it=False, colorize=False)}))
-'''
+"""
 
 
 def _normalise(report: str) -> str:
@@ -225,7 +228,12 @@ def _normalise(report: str) -> str:
 def test_verdict_from_a_real_test_tracker(tmp_path):
     (tmp_path / "evaluation.py").write_text(textwrap.dedent(_EVALUATION))
     out = subprocess.run(
-        [str(PYTHON), "-c", _MAKE_TRACKER], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        [str(PYTHON), "-c", _MAKE_TRACKER],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert out.returncode == 0, out.stderr[-3000:]

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rltldr_jax.models import ModelSpec, get_preset, init_decode_state
-from rltldr_jax.models import qwen3_5
+from rltldr_jax.models import ModelSpec, get_preset, init_decode_state, qwen3_5
 from rltldr_jax.models.qwen3_5 import (
     ATTENTION_IMPLS,
     blocked_causal_attention,
@@ -67,7 +66,7 @@ def test_blocked_equals_reference_values_and_gradients_with_ragged_lengths(chunk
 
     g_ref = jax.jit(jax.grad(loss(ref_fn), argnums=(0, 1, 2)))(q, k, v)
     g_blk = jax.jit(jax.grad(loss(blk_fn), argnums=(0, 1, 2)))(q, k, v)
-    for name, a, b in zip("qkv", g_ref, g_blk):
+    for name, a, b in zip("qkv", g_ref, g_blk, strict=False):
         assert float(jnp.abs(a).max()) > 0.1, name  # the gradients are not trivially zero
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4, err_msg=f"d{name}")
     # Padded keys get no gradient (no valid query sees them).
@@ -145,7 +144,7 @@ def test_model_forward_grad_and_prefill_match_reference(tiny_models, monkeypatch
     grad = nnx.jit(nnx.grad(lambda m, x: jnp.mean(jax.nn.log_softmax(m(x))[..., 0])))
     g_ref, g_auto = jax.tree.leaves(nnx.state(grad(ref, ids))), jax.tree.leaves(nnx.state(grad(auto, ids)))
     assert len(g_ref) == len(g_auto) > 10
-    for a, b in zip(g_ref, g_auto):
+    for a, b in zip(g_ref, g_auto, strict=False):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
 
     # Ragged prefill into a 256-slot decode cache (valid masks), then one decode step: same logits either way.

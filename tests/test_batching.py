@@ -58,7 +58,9 @@ def test_advantages_filters_masks_and_packing(builder):
     assert stats.kept_attempts == 1 and {e.attempt for e in kept} == {2}
     sft, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.75, sft_on_filtered=True))
     assert stats.sft_only_attempts == 4  # the dropped insight-conditioned attempts: a/3, a/4, b/2, b/3
-    assert all(e.action_mask.sum() == 0 and e.insight_mask.sum() > 0 for e in sft if e.attempt != 2 or e.task_id == "t/b")
+    assert all(
+        e.action_mask.sum() == 0 and e.insight_mask.sum() > 0 for e in sft if e.attempt != 2 or e.task_id == "t/b"
+    )
 
     batches = pack(examples, micro_batch_size=2, grad_accum_steps=3, pad_to_multiple=64)
     assert len(batches) == 2 and batches[0].ids.shape[:2] == (3, 2) and batches[0].ids.shape[2] % 64 == 0
@@ -71,8 +73,12 @@ def test_split_advantages_makes_separate_groups(builder):
     tok = builder.tokenizer
     a = Task("t/a", "Do A.", "sapi", "train")
     hint = Insight("Remember to paginate.", attempt=1)
-    attempts = [_attempt(tok, a, 1, True, steps=1), _attempt(tok, a, 2, True, [hint], steps=1),
-                _attempt(tok, a, 3, False, [hint], steps=1), _attempt(tok, a, 4, False, [hint], steps=1)]  # fmt: skip
+    attempts = [
+        _attempt(tok, a, 1, True, steps=1),
+        _attempt(tok, a, 2, True, [hint], steps=1),
+        _attempt(tok, a, 3, False, [hint], steps=1),
+        _attempt(tok, a, 4, False, [hint], steps=1),
+    ]
     examples, stats = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0, split_advantages=True))
     # unconditioned group {1: success} has zero advantage and is dropped; conditioned {2, 3, 4} = [1, 0, 0] − 1/3
     assert stats.zero_advantage_groups == 1 and [e.attempt for e in examples] == [2, 3, 4]
@@ -82,8 +88,12 @@ def test_split_advantages_makes_separate_groups(builder):
 def _conditioned_phase(tok):
     a = Task("t/a", "Do A.", "sapi", "train")
     hint = Insight("Remember to paginate.", attempt=1)
-    attempts = [_attempt(tok, a, 1, False, steps=1), _attempt(tok, a, 2, True, steps=1),
-                _attempt(tok, a, 3, True, [hint], steps=1), _attempt(tok, a, 4, False, [hint], steps=2)]  # fmt: skip
+    attempts = [
+        _attempt(tok, a, 1, False, steps=1),
+        _attempt(tok, a, 2, True, steps=1),
+        _attempt(tok, a, 3, True, [hint], steps=1),
+        _attempt(tok, a, 4, False, [hint], steps=2),
+    ]
     return attempts, hint
 
 
@@ -114,7 +124,12 @@ def test_self_distill_uses_the_no_insight_baseline_without_ratio(builder):
     examples, _ = phase_examples(attempts, builder, ExampleConfig(positive_ratio=0.0, insight_rollouts="self_distill"))
     # RLTF-SD: baseline = mean reward of the attempts without insights (1 and 2: 0.5), for every attempt.
     assert [(e.attempt, e.advantage, e.detach_ratio) for e in examples] == [
-        (1, -0.5, False), (2, 0.5, False), (3, 0.5, True), (4, -0.5, True), (4, -0.5, True)]  # fmt: skip
+        (1, -0.5, False),
+        (2, 0.5, False),
+        (3, 0.5, True),
+        (4, -0.5, True),
+        (4, -0.5, True),
+    ]
     assert not any(e.insight_mask.any() or hint.text in tok.decode(e.ids) for e in examples)
     (batch,) = pack(examples, micro_batch_size=5, grad_accum_steps=1, pad_to_multiple=16)
     assert np.asarray(batch.detach_ratio).tolist() == [[False, False, True, True, True]]
@@ -126,22 +141,28 @@ def test_writer_sft_examples_target_the_insight_in_the_writer_context(builder):
     tok = builder.tokenizer
     attempts, hint = _conditioned_phase(tok)
     writer_prompt = tuple(builder.build("Writer this failed attempt.").ids.tolist())  # ends with an open <think>
-    writer_outputs = [("t/a", 1, WriterOutput(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=writer_prompt)),
-                  ("t/a", 4, WriterOutput("Check the totals.", {}, None, 0, 0, prompt_ids=writer_prompt))]  # fmt: skip
+    writer_outputs = [
+        ("t/a", 1, WriterOutput(hint.text, {"hint": hint.text}, None, 0, 0, prompt_ids=writer_prompt)),
+        ("t/a", 4, WriterOutput("Check the totals.", {}, None, 0, 0, prompt_ids=writer_prompt)),
+    ]
     writer_sft = ExampleConfig(positive_ratio=0.0, writer_sft_coef=0.5)
     examples, stats = phase_examples(attempts, builder, writer_sft, writer_outputs=writer_outputs)
     writer = [e for e in examples if e.writer_mask is not None]
     assert stats.writer_examples == 2 == len(writer)
     first = writer[0]
     assert tok.decode(first.ids[first.writer_mask]) == hint.text
-    assert tok.decode(first.ids).endswith("Writer this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
-                                          "Remember to paginate.<|im_end|>")
+    assert tok.decode(first.ids).endswith(
+        "Writer this failed attempt.<|im_end|>\n<|im_start|>assistant\n<think>\n</think>\n\n"
+        "Remember to paginate.<|im_end|>"
+    )
     assert not first.action_mask.any() and not first.insight_mask.any()
     next_success = ExampleConfig(positive_ratio=0.0, writer_sft_coef=0.5, writer_sft_filter="next_success")
     # Self-play insight SFT keeps an insight only if the next attempt succeeded with it in context: attempt 2
     # succeeded without the hint written after attempt 1, and attempt 4 has no successor, so nothing is kept.
     _, stats = phase_examples(attempts, builder, next_success, writer_outputs=writer_outputs)
     assert stats.writer_examples == 0
-    writer_outputs.append(("t/a", 2, WriterOutput(hint.text, {}, None, 0, 0, prompt_ids=writer_prompt)))  # 3 succeeded with it
+    writer_outputs.append(
+        ("t/a", 2, WriterOutput(hint.text, {}, None, 0, 0, prompt_ids=writer_prompt))
+    )  # 3 succeeded with it
     _, stats = phase_examples(attempts, builder, next_success, writer_outputs=writer_outputs)
     assert stats.writer_examples == 1

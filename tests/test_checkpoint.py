@@ -25,11 +25,11 @@ from safetensors.numpy import save_file
 
 from rltldr_jax import sharding
 from rltldr_jax.checkpoint import (
+    SPACE_MARGIN,
+    SPACE_SLACK_BYTES,
     Checkpointer,
     CheckpointMismatchError,
     CheckpointSaveError,
-    SPACE_MARGIN,
-    SPACE_SLACK_BYTES,
     CorruptCheckpointError,
     export_hf,
     load_model,
@@ -49,7 +49,7 @@ def surrogate_loss(params, key):
     towards RNG-dependent targets, so the optimizer state (AdamW moments, count) and the RNG stream both matter."""
     leaves = jax.tree.leaves(params)
     u = jax.random.uniform(key, (len(leaves),))
-    return sum(jnp.mean((p - jnp.sin(7.0 * p + 6.0 * ui)) ** 2) for p, ui in zip(leaves, u))
+    return sum(jnp.mean((p - jnp.sin(7.0 * p + 6.0 * ui)) ** 2) for p, ui in zip(leaves, u, strict=False))
 
 
 def random_params(seed: int = 0):
@@ -90,7 +90,7 @@ def abstract_targets(tx, config=CONFIG):
 
 def assert_trees_identical(a, b):
     assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -100,11 +100,17 @@ def test_save_restore_is_bit_identical(setup, tmp_path):
     source = TaskSource(tasks, seed=3)
     source.take(3)
     meta = {
-        "task_cursor": source.state(), "phase": 1, "env_steps": np.int64(42), "weight_version": 2,
-        "metrics": {"pass1": np.float32(0.5), "counts": np.arange(3)}, "config": {"lr": 1e-2, "name": "x"},
-    }  # fmt: skip
+        "task_cursor": source.state(),
+        "phase": 1,
+        "env_steps": np.int64(42),
+        "weight_version": 2,
+        "metrics": {"pass1": np.float32(0.5), "counts": np.arange(3)},
+        "config": {"lr": 1e-2, "name": "x"},
+    }
     with Checkpointer(tmp_path / "ckpt", keep=3) as ckpt:
-        ckpt.save(2, params=setup["params"], opt_state=setup["opt_state"], rng=setup["rng"], meta=meta, model_config=CONFIG)
+        ckpt.save(
+            2, params=setup["params"], opt_state=setup["opt_state"], rng=setup["rng"], meta=meta, model_config=CONFIG
+        )
         ckpt.wait_until_finished()
         assert ckpt.latest_step() == 2
         abstract_params, abstract_opt = abstract_targets(setup["tx"])
@@ -116,9 +122,13 @@ def test_save_restore_is_bit_identical(setup, tmp_path):
     assert jnp.issubdtype(r.rng.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(r.rng), jax.random.key_data(setup["rng"]))
     assert r.meta == {
-        "task_cursor": source.state(), "phase": 1, "env_steps": 42, "weight_version": 2,
-        "metrics": {"pass1": 0.5, "counts": [0, 1, 2]}, "config": {"lr": 1e-2, "name": "x"},
-    }  # fmt: skip
+        "task_cursor": source.state(),
+        "phase": 1,
+        "env_steps": 42,
+        "weight_version": 2,
+        "metrics": {"pass1": 0.5, "counts": [0, 1, 2]},
+        "config": {"lr": 1e-2, "name": "x"},
+    }
     assert r.model_config == CONFIG
     resumed = TaskSource(tasks, seed=3)
     resumed.restore(r.meta["task_cursor"])
@@ -196,7 +206,9 @@ def test_training_continues_exactly(setup, tmp_path):
     resumed = run(r.params, r.opt_state, r.rng, 2)
     assert_trees_identical(resumed[0], straight[0])
     assert_trees_identical(resumed[1], straight[1])
-    assert not np.array_equal(np.asarray(jax.tree.leaves(straight[0])[0]), np.asarray(jax.tree.leaves(setup["params"])[0]))
+    assert not np.array_equal(
+        np.asarray(jax.tree.leaves(straight[0])[0]), np.asarray(jax.tree.leaves(setup["params"])[0])
+    )
 
 
 def test_wrong_architecture_names_the_parameters(setup, tmp_path):
@@ -229,7 +241,7 @@ def test_sharded_restore_on_a_one_device_mesh(setup, tmp_path):
         ckpt.wait_until_finished()
         r = ckpt.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
     wanted = jax.tree.leaves(p_shard) + jax.tree.leaves(o_shard)
-    for leaf, s in zip(jax.tree.leaves(r.params) + jax.tree.leaves(r.opt_state), wanted):
+    for leaf, s in zip(jax.tree.leaves(r.params) + jax.tree.leaves(r.opt_state), wanted, strict=False):
         assert isinstance(leaf.sharding, jax.sharding.NamedSharding) and leaf.sharding == s
     assert_trees_identical(r.params, setup["params"])
     assert_trees_identical(r.opt_state, setup["opt_state"])
@@ -260,7 +272,8 @@ RESHARD_SCRIPT = textwrap.dedent(
     assert all(x.sharding == s for x, s in zip(leaves, jax.tree.leaves(ps) + jax.tree.leaves(os_)))
     split = sum(x.addressable_shards[0].data.size < x.size for x in leaves)
     with Checkpointer(dst, keep=1) as ckpt:  # a sharded save
-        ckpt.save(r.step + 1, params=r.params, opt_state=r.opt_state, rng=r.rng, meta=r.meta, model_config=r.model_config)
+        ckpt.save(r.step + 1, params=r.params, opt_state=r.opt_state, rng=r.rng, meta=r.meta,
+                  model_config=r.model_config)
     print(json.dumps({"devices": len(jax.devices()), "split_leaves": int(split), "leaves": len(leaves)}))
     """
 )
@@ -268,14 +281,25 @@ RESHARD_SCRIPT = textwrap.dedent(
 
 def test_restore_onto_8_device_mesh_and_save_sharded(setup, tmp_path):
     with Checkpointer(tmp_path / "a", keep=1) as ckpt:
-        ckpt.save(4, params=setup["params"], opt_state=setup["opt_state"], rng=setup["rng"], meta={"k": 1}, model_config=CONFIG)
+        ckpt.save(
+            4,
+            params=setup["params"],
+            opt_state=setup["opt_state"],
+            rng=setup["rng"],
+            meta={"k": 1},
+            model_config=CONFIG,
+        )
     script = tmp_path / "reshard.py"
     script.write_text(RESHARD_SCRIPT)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "b")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert info["devices"] == 8 and info["split_leaves"] > info["leaves"] // 2
@@ -307,10 +331,18 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
 
     # The CLI (bf16 default, architecture from the checkpoint) in a fresh process.
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step=2",
-         f"--out={tmp_path / 'hf16'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "export_hf.py"),
+            f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--step=2",
+            f"--out={tmp_path / 'hf16'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "exported step 2" in out.stdout
     with open(tmp_path / "hf16" / "config.json") as f:
@@ -325,7 +357,10 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
         ([f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step=9"], r"no checkpoint for step 9 .*steps: \[2, 3\]"),
         ([f"--checkpoint_dir={tmp_path / 'ckpt'}"], "records no model config"),  # latest = 3
         ([f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step=2", "--preset=tiny"], "vocab_size: given 248320, saved 256"),
-        ([f"--checkpoint_dir={tmp_path / 'ckpt'}", "--preset=tiny"], r"mis-shaped: embed_tokens\.embedding\.value: checkpoint \(256,"),
+        (
+            [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--preset=tiny"],
+            r"mis-shaped: embed_tokens\.embedding\.value: checkpoint \(256,",
+        ),
     ]
     for args, pattern in cases:
         assert cli.main([*args, f"--out={tmp_path / 'x'}"]) == 2
@@ -333,7 +368,12 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
         assert "export_hf: error:" in err
         assert re.search(pattern, err.replace("\n", " ")), err
     # With --config_json the un-recorded step 3 exports.
-    assert cli.main([f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--config_json={tmp_path / 'hf32'}", f"--out={tmp_path / 'hf3'}"]) == 0
+    assert (
+        cli.main(
+            [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--config_json={tmp_path / 'hf32'}", f"--out={tmp_path / 'hf3'}"]
+        )
+        == 0
+    )
     assert os.path.isfile(tmp_path / "hf3" / "model.safetensors")
 
 
@@ -356,7 +396,10 @@ def test_corrupt_safetensors_are_one_clear_error(setup, tmp_path):
     garbled = _hf_dir(setup, tmp_path / "garbled")
     (garbled / "model.safetensors").write_bytes(raw[:8] + b"\x00garbled{" + raw[17:])  # the JSON header
     for path, why in ((truncated, "incomplete metadata"), (garbled, "invalid JSON")):
-        with pytest.raises(CorruptCheckpointError, match=rf"{re.escape(str(path / 'model.safetensors'))} is not a readable safetensors file .*{why}"):
+        with pytest.raises(
+            CorruptCheckpointError,
+            match=rf"{re.escape(str(path / 'model.safetensors'))} is not a readable safetensors file .*{why}",
+        ):
             load_pretrained(path)
         with pytest.raises(CorruptCheckpointError, match="truncated or damaged"):  # the analyses' path (Δθ, load_model)
             load_model(str(path))
@@ -367,7 +410,9 @@ def test_corrupt_safetensors_are_one_clear_error(setup, tmp_path):
         tensors = {k: np.array(f.get_tensor(k)) for k in f.keys()}
     tensors["model.norm.weight"][:3] = [np.nan, np.inf, np.nan]
     save_file(tensors, str(nan / "model.safetensors"))
-    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors: tensor model\.norm\.weight holds 3 NaN/inf values of 64"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"model\.safetensors: tensor model\.norm\.weight holds 3 NaN/inf values of 64"
+    ):
         load_pretrained(nan)
     model = load_pretrained(nan, allow_nonfinite=True)
     assert int(np.isnan(np.asarray(model.norm.weight[...])).sum()) == 2
@@ -375,7 +420,12 @@ def test_corrupt_safetensors_are_one_clear_error(setup, tmp_path):
 
 def _orbax_data_files(step_dir):
     """The OCDBT data files of a checkpoint step's params, largest first."""
-    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "params") for f in fs if os.sep + "d" + os.sep in os.path.join(d, f)]
+    files = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(step_dir / "params")
+        for f in fs
+        if os.sep + "d" + os.sep in os.path.join(d, f)
+    ]
     return sorted(files, key=os.path.getsize, reverse=True)
 
 
@@ -394,20 +444,31 @@ def test_corrupt_orbax_checkpoints_are_one_clear_error(setup, tmp_path, capsys):
             f.seek(at)
             f.write(b"\xff" * 64)  # bytes overwritten in a few places
     with Checkpointer(tmp_path / "truncated", keep=None, create=False) as ckpt:
-        with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*truncated.*: cannot read its arrays \(.*Error reading"):
+        with pytest.raises(
+            CorruptCheckpointError,
+            match=r"checkpoint step 1 in .*truncated.*: cannot read its arrays \(.*Error reading",
+        ):
             ckpt.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
     with Checkpointer(tmp_path / "overwritten", keep=None, create=False) as ckpt:  # garbage decodes to NaN somewhere
-        with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*overwritten.*(cannot read|holds NaN/inf)"):
+        with pytest.raises(
+            CorruptCheckpointError, match=r"checkpoint step 1 in .*overwritten.*(cannot read|holds NaN/inf)"
+        ):
             ckpt.restore(abstract_params=abstract_params, abstract_opt_state=abstract_opt)
 
     # NaN values: refused on restore, export and load_model, naming the arrays, unless allowed.
     _, params = random_params()
-    params = jax.tree_util.tree_map_with_path(lambda p, x: x * np.nan if "norm" in jax.tree_util.keystr(p) else x, params)
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x * np.nan if "norm" in jax.tree_util.keystr(p) else x, params
+    )
     with Checkpointer(tmp_path / "nan", keep=None, async_save=False) as ckpt:
         ckpt.save(1, params=params, opt_state=None, rng=None, model_config=CONFIG)
         with pytest.raises(CorruptCheckpointError, match=r"step 1 .* holds NaN/inf in \d+ arrays \(.*norm"):
             ckpt.restore(abstract_params=abstract_params)
-        assert np.isnan(np.asarray(ckpt.restore(abstract_params=abstract_params, allow_nonfinite=True).params["norm"]["weight"][...])).all()
+        assert np.isnan(
+            np.asarray(
+                ckpt.restore(abstract_params=abstract_params, allow_nonfinite=True).params["norm"]["weight"][...]
+            )
+        ).all()
     with pytest.raises(CorruptCheckpointError, match="holds NaN/inf"):
         load_model(str(tmp_path / "nan"))
     cli = _load_cli()
@@ -444,7 +505,10 @@ def test_failed_save_is_reported_and_cleaned_up(setup, tmp_path, monkeypatch):
         ckpt.save(2, params=params, opt_state=opt, rng=None)  # returns; the write fails in the background
         while ckpt.saving():
             time.sleep(0.05)
-        with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 2 in .* failed \(OSError: \[Errno 28\] No space left on device\); the newest saved checkpoint is step 1"):
+        with pytest.raises(
+            CheckpointSaveError,
+            match=r"saving checkpoint step 2 in .* failed \(OSError: \[Errno 28\] No space left on device\); the newest saved checkpoint is step 1",  # noqa: E501
+        ):
             ckpt.check_saved()
     assert sorted(os.listdir(tmp_path)) == ["1"]  # the temporary directory is gone
     ckpt.check_saved(wait=True)  # reported once
@@ -454,7 +518,9 @@ def test_failed_save_is_reported_and_cleaned_up(setup, tmp_path, monkeypatch):
     assert tree_bytes(params, opt) == nbytes > 500_000
     need = int(nbytes * (1 + SPACE_MARGIN)) + SPACE_SLACK_BYTES
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 9 * need, need - 1))
-    with pytest.raises(CheckpointSaveError, match=r"not enough free space to save checkpoint step 3 .* it needs about 0.02 GiB"):
+    with pytest.raises(
+        CheckpointSaveError, match=r"not enough free space to save checkpoint step 3 .* it needs about 0.02 GiB"
+    ):
         ckpt.save(3, params=params, opt_state=opt, rng=None)
     assert sorted(os.listdir(tmp_path)) == ["1"]
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 9 * need, need))

@@ -13,7 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("collection_benchmark", os.path.join(ROOT, "benchmarks", "collection.py"))
+    spec = importlib.util.spec_from_file_location(
+        "collection_benchmark", os.path.join(ROOT, "benchmarks", "collection.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -39,7 +41,12 @@ def test_smoke_prints_every_row(tmp_path):
         assert abs(ratio - rows[name]["seconds"] / rows["grpo parallel"]["seconds"]) <= 0.005, (name, text)
         assert attempts == rows[name]["attempts"]
     # Exactly K = 2 attempts per task where the collector promises it; at least K with concurrent chains.
-    assert [_row(lines, n, 4)[1] for n in ("rltldr", "rltldr max_batch=T", "grpo parallel", "grpo sequential")] == [4, 4, 4, 4]
+    assert [_row(lines, n, 4)[1] for n in ("rltldr", "rltldr max_batch=T", "grpo parallel", "grpo sequential")] == [
+        4,
+        4,
+        4,
+        4,
+    ]
     assert all(_row(lines, n, 4)[1] >= 4 for n in ("rltldr w=2", "rltldr w=4", "grpo parallel ≥K"))
     for name in bench.PHASE_ROWS:
         seconds, examples, steps, ratio = _row(lines, name, 4)

@@ -36,7 +36,9 @@ def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
         for a in group:  # a random policy fails every attempt: attempt k sees the k-1 earlier insights, in order
             assert not a.success and a.end == "malformed"
             expected = [rule_insight(earlier.verdict.report) for earlier in group[: a.index - 1]]
-            assert [i.text for i in a.insights] == expected and [i.attempt for i in a.insights] == list(range(1, a.index))
+            assert [i.text for i in a.insights] == expected and [i.attempt for i in a.insights] == list(
+                range(1, a.index)
+            )
     assert len(result.writer_outputs) == len(result.attempts) and result.parse_failures == 0
     save_phase(tmp_path / "phase0.jsonl", 0, result)
     lines = [json.loads(x) for x in (tmp_path / "phase0.jsonl").read_text().splitlines()]
@@ -49,11 +51,15 @@ def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
 
     def phase():
         collector = Collector(
-            engine, lambda: make_env("sapi", step_timeout_s=5.0), builder,
+            engine,
+            lambda: make_env("sapi", step_timeout_s=5.0),
+            builder,
             EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096, seed=7),
-            InsightSchedule("threshold", threshold=0.5), InsightWriter(builder.tokenizer, None, source="rule"),
-            group_size=2, exact_group_size=True,
-        )  # fmt: skip
+            InsightSchedule("threshold", threshold=0.5),
+            InsightWriter(builder.tokenizer, None, source="rule"),
+            group_size=2,
+            exact_group_size=True,
+        )
         return collector.collect(tasks, phase=3).groups()
 
     first, second = phase(), phase()
@@ -67,8 +73,17 @@ def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
 
 def test_exact_group_size_rejects_concurrent_chains(tiny_policy, builder):
     with pytest.raises(ValueError, match="exact_group_size needs workers_per_task=1"):
-        Collector(tiny_policy[1], lambda: make_env("sapi"), builder, EpisodeConfig(), InsightSchedule("never"), None,
-                  group_size=2, workers_per_task=2, exact_group_size=True)  # fmt: skip
+        Collector(
+            tiny_policy[1],
+            lambda: make_env("sapi"),
+            builder,
+            EpisodeConfig(),
+            InsightSchedule("never"),
+            None,
+            group_size=2,
+            workers_per_task=2,
+            exact_group_size=True,
+        )
 
 
 class RaisingEnv(SapiEnv):
@@ -91,15 +106,26 @@ def test_env_and_writer_exceptions_do_not_end_the_phase(builder):
     action = builder.tokenizer.encode("```python\nprint(1)\n```<|im_end|>", special=True)
     engine = ReplayEngine([list(action) for _ in range(4)])  # 2 attempts × 2 steps, no think phase
     collector = Collector(
-        engine, RaisingEnv, builder, EpisodeConfig(max_steps=2, thinking=False, max_action_tokens=64, max_context_tokens=4096),
-        InsightSchedule("threshold", threshold=0.5), RaisingWriter(builder.tokenizer, None, source="rule"),
-        group_size=2, exact_group_size=True,
-    )  # fmt: skip
+        engine,
+        RaisingEnv,
+        builder,
+        EpisodeConfig(max_steps=2, thinking=False, max_action_tokens=64, max_context_tokens=4096),
+        InsightSchedule("threshold", threshold=0.5),
+        RaisingWriter(builder.tokenizer, None, source="rule"),
+        group_size=2,
+        exact_group_size=True,
+    )
     result = collector.collect(generate_tasks("train", seed=0, n=60)[:1], phase=0)
     assert len(result.attempts) == 2 and all(a.end == "max_steps" and a.env_steps == 2 for a in result.attempts)
     observations = [s.observation for a in result.attempts for s in a.steps]
-    assert observations == ["error: the environment failed to run this action (RecursionError: maximum recursion depth "
-                            "exceeded while decoding a JSON array)"] * 4  # fmt: skip
+    assert (
+        observations
+        == [
+            "error: the environment failed to run this action (RecursionError: maximum recursion depth "
+            "exceeded while decoding a JSON array)"
+        ]
+        * 4
+    )
     assert result.parse_failures == 2
     errors = [j.parse_error for _, _, j in result.writer_outputs]
     assert errors == ["the insight writer failed: RecursionError: maximum recursion depth exceeded"] * 2

@@ -55,7 +55,9 @@ def test_every_ablation_resolves(name):
     ablation = ablations.ABLATIONS[name]
     assert ablation.paper
     # A teacher-written-insight entry needs its teacher (validation says so; see test_teacher_needs_a_model).
-    extra = {"insight.teacher.servers": "localhost:50051"} if ablation.overrides.get("insight.source") == "teacher" else {}
+    extra = (
+        {"insight.teacher.servers": "localhost:50051"} if ablation.overrides.get("insight.source") == "teacher" else {}
+    )
     for env in ENVS:
         for preset in ("paper", "tiny"):
             c = ablations.resolve(_config(env, preset), name, extra)
@@ -90,10 +92,23 @@ def test_ablation_semantics():
 
 def test_paper_tables_are_covered():
     papers = " ".join(a.paper for a in ablations.ABLATIONS.values())
-    for row in ("Table 1 GRPO", "Table 1 SGE", "Table 1 RLTF-SD", "Table 2 SFT on 100", "Table 2 SFTL;DR on insights, dedup",
-                "Table 3 content: diagnostic", "GLM 5.2 thinking, n_fb = 1", "Table 3 amount: 8", "Table 8 RLTF-FM",
-                "Table 8 RLTL;DR + self-play", "Table 9 insert if <= 3 of the first 10", "Table 9 split advantages", "Table 9 off-policy",
-                "Table 9 GRPO-style std", "Fig. 4"):  # fmt: skip
+    for row in (
+        "Table 1 GRPO",
+        "Table 1 SGE",
+        "Table 1 RLTF-SD",
+        "Table 2 SFT on 100",
+        "Table 2 SFTL;DR on insights, dedup",
+        "Table 3 content: diagnostic",
+        "GLM 5.2 thinking, n_fb = 1",
+        "Table 3 amount: 8",
+        "Table 8 RLTF-FM",
+        "Table 8 RLTL;DR + self-play",
+        "Table 9 insert if <= 3 of the first 10",
+        "Table 9 split advantages",
+        "Table 9 off-policy",
+        "Table 9 GRPO-style std",
+        "Fig. 4",
+    ):
         assert row in papers, row
 
 
@@ -126,7 +141,10 @@ def test_validation_errors_name_the_key_and_fix():
         ({"insight.content": "strategy"}, "SGE has no insight SFT"),
         ({"mesh.data": -1, "mesh.fsdp": -1}, "with at most one -1"),
         ({"rollout.group_size": 1}, r"rollout.group_size=1: nothing can be learned .* use rollout.group_size >= 2"),
-        ({"rollout.group_size": 1, "loss.grpo_coef": 0.0}, "rollout.group_size=1: nothing can be learned"),  # insights need a 2nd attempt
+        (
+            {"rollout.group_size": 1, "loss.grpo_coef": 0.0},
+            "rollout.group_size=1: nothing can be learned",
+        ),  # insights need a 2nd attempt
     ],
 )
 def test_inconsistent_combinations(overrides, message):
@@ -135,13 +153,18 @@ def test_inconsistent_combinations(overrides, message):
 
 
 def test_nonfinite_numbers_are_rejected_by_name():
-    bad = base.override(_config("sapi"), {"optim.learning_rate": float("nan"), "loss.lam": float("inf"),
-                                          "env.step_timeout_s": float("-inf")})  # fmt: skip
+    bad = base.override(
+        _config("sapi"),
+        {"optim.learning_rate": float("nan"), "loss.lam": float("inf"), "env.step_timeout_s": float("-inf")},
+    )
     with pytest.raises(base.ConfigError) as e:
         base.validate(bad)
     msg = str(e.value)
-    for line in ("optim.learning_rate=nan is not a finite number", "loss.lam=inf is not a finite number",
-                 "env.step_timeout_s=-inf is not a finite number"):  # fmt: skip
+    for line in (
+        "optim.learning_rate=nan is not a finite number",
+        "loss.lam=inf is not a finite number",
+        "env.step_timeout_s=-inf is not a finite number",
+    ):
         assert line in msg
     assert msg.count("\n  - ") == 3  # one line per key, no range message on top
 
@@ -151,7 +174,11 @@ def test_nonfinite_numbers_are_rejected_by_name():
 
 def _train(*args):
     return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "train.py"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -170,7 +197,10 @@ def test_launcher_dry_run_prints_the_resolved_config():
         (["--ablation=nope"], "unknown ablation 'nope'"),
         (["--config=configs/sapi.py:huge"], "unknown preset 'huge'"),
         (["--config=configs/nope.py"], "no config file 'configs/nope.py'"),
-        (["--config", "configs/nope.py"], "no config file 'configs/nope.py' (from '--config configs/nope.py'); use --config=FILE[:PRESET]"),
+        (
+            ["--config", "configs/nope.py"],
+            "no config file 'configs/nope.py' (from '--config configs/nope.py'); use --config=FILE[:PRESET]",
+        ),
         (["--config"], "--config needs a file: use --config=FILE[:PRESET]"),
         (["--config.optim.learning_rate=nan"], "optim.learning_rate=nan is not a finite number"),
     ],

@@ -161,8 +161,11 @@ def test_histograms_and_stats_add_up():
     b = a + np.where(rs.random(a.shape) < 0.3, rs.standard_normal(a.shape) * 1e-2, 0).astype(np.float32)
     one = delta_stats(a, b)
     # Row blocks of 1..2 rows, transposed views, and two halves added: the same sums and counts.
-    for other in (delta_stats(a, b, chunk_elems=20), delta_stats(a.T, b.T, chunk_elems=5),
-                  delta_stats(a[:20], b[:20]) + delta_stats(a[20:], b[20:])):  # fmt: skip
+    for other in (
+        delta_stats(a, b, chunk_elems=20),
+        delta_stats(a.T, b.T, chunk_elems=5),
+        delta_stats(a[:20], b[:20]) + delta_stats(a[20:], b[20:]),
+    ):
         assert (other.n, other.exceed, other.changed) == (one.n, one.exceed, one.changed) and one.n == 407
         assert other.l1 == pytest.approx(one.l1, rel=1e-12) and other.l2sq == pytest.approx(one.l2sq, rel=1e-12)
         np.testing.assert_array_equal(other.hist.counts, one.hist.counts)
@@ -182,12 +185,18 @@ def test_histograms_and_stats_add_up():
 
 def test_module_kinds():
     kinds = {
-        "model.embed_tokens.weight": "embeddings", "lm_head.weight": "embeddings", "model.norm.weight": "norms",
-        "model.layers.0.input_layernorm.weight": "norms", "model.layers.3.self_attn.q_norm.weight": "norms",
-        "model.layers.0.linear_attn.norm.weight": "norms", "model.layers.3.self_attn.o_proj.weight": "attention",
-        "model.layers.0.linear_attn.conv1d.weight": "deltanet", "model.layers.0.linear_attn.A_log": "deltanet",
-        "model.layers.0.linear_attn.in_proj_qkv.weight": "deltanet", "model.layers.7.mlp.down_proj.weight": "mlp",
-    }  # fmt: skip
+        "model.embed_tokens.weight": "embeddings",
+        "lm_head.weight": "embeddings",
+        "model.norm.weight": "norms",
+        "model.layers.0.input_layernorm.weight": "norms",
+        "model.layers.3.self_attn.q_norm.weight": "norms",
+        "model.layers.0.linear_attn.norm.weight": "norms",
+        "model.layers.3.self_attn.o_proj.weight": "attention",
+        "model.layers.0.linear_attn.conv1d.weight": "deltanet",
+        "model.layers.0.linear_attn.A_log": "deltanet",
+        "model.layers.0.linear_attn.in_proj_qkv.weight": "deltanet",
+        "model.layers.7.mlp.down_proj.weight": "mlp",
+    }
     assert {n: module_kind(n) for n in kinds} == kinds
     with pytest.raises(DeltaThetaError, match="model.visual.patch: no module kind"):
         module_kind("model.visual.patch")
@@ -245,7 +254,7 @@ def checkpoints(tmp_path_factory):
     # The reference: every entry of our (stacked) parameters, grouped by kind.
     deltas: dict[str, list] = {}
     bases: dict[str, list] = {}
-    for (path, va), (_, vb) in zip(nnx.to_flat_state(base), nnx.to_flat_state(trained)):
+    for (path, va), (_, vb) in zip(nnx.to_flat_state(base), nnx.to_flat_state(trained), strict=False):
         x, y = np.asarray(va[...], np.float64).ravel(), np.asarray(vb[...], np.float64).ravel()
         deltas.setdefault(_kind_of_path(path), []).append(y - x)
         bases.setdefault(_kind_of_path(path), []).append(x)
@@ -365,10 +374,20 @@ def test_cli_and_outputs(checkpoints, tmp_path, capsys):
     tmp = checkpoints["tmp"]
     expected = _by_kind(compare(f"{tmp / 'run' / 'checkpoints'}:1", tmp / "hf_b"))
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "delta_theta.py"), f"--a={tmp / 'run' / 'checkpoints'}:1",
-         f"--b={tmp / 'hf_b'}", f"--out={tmp_path / 't.json'}", "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "delta_theta.py"),
+            f"--a={tmp / 'run' / 'checkpoints'}:1",
+            f"--b={tmp / 'hf_b'}",
+            f"--out={tmp_path / 't.json'}",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert any(line.startswith("all ") for line in lines) and any(line.startswith("deltanet ") for line in lines)

@@ -49,7 +49,14 @@ def test_peak_table(device_module):
 def test_smoke_run_prints_the_table(device_module, tmp_path, capsys):
     rows = device_module.main(["--smoke", "--out", str(tmp_path), "--budget-s", "3600"])
     by_key = {r.key: r for r in rows}
-    expected = ["parity", "attention/blocked", "attention/cudnn/forward", "attention/cudnn/prefill", "train/tiny/64", "decode/2"]
+    expected = [
+        "parity",
+        "attention/blocked",
+        "attention/cudnn/forward",
+        "attention/cudnn/prefill",
+        "train/tiny/64",
+        "decode/2",
+    ]
     assert list(by_key) == expected, [(r.key, r.status) for r in rows]
     assert not [r for r in rows if r.status.startswith(("error", "FAIL", "skipped: time"))]
 

@@ -37,7 +37,9 @@ def test_teacher_from_an_hf_checkpoint_writes_the_insights(tiny_policy, tokenize
     assert teacher_engine(EngineConfig.from_config(_tiny())) == (None, None)  # not asked for
     teacher, teacher_tokenizer = teacher_engine(EngineConfig.from_config(config))
     try:
-        assert isinstance(teacher, JaxEngine) and teacher.config.num_hidden_layers == 2 != policy.config.num_hidden_layers
+        assert (
+            isinstance(teacher, JaxEngine) and teacher.config.num_hidden_layers == 2 != policy.config.num_hidden_layers
+        )
         assert teacher_tokenizer is None  # no tokenizer.json in the directory: the policy's
         writer = InsightWriter.from_config(config, tokenizer, policy, teacher, teacher_tokenizer)
         assert writer.engine is teacher and writer.tokenizer is tokenizer

@@ -16,7 +16,15 @@ def test_order_is_a_seeded_permutation_per_epoch():
     assert [t.task_id for t in first] != [t.task_id for t in second]  # a fresh permutation each epoch
     again = TaskSource(_tasks(5), seed=3)
     assert again.take(10) == first + second
-    assert [t.task_id for t in TaskSource(_tasks(5), shuffle=False).take(7)] == ["t/0", "t/1", "t/2", "t/3", "t/4", "t/0", "t/1"]
+    assert [t.task_id for t in TaskSource(_tasks(5), shuffle=False).take(7)] == [
+        "t/0",
+        "t/1",
+        "t/2",
+        "t/3",
+        "t/4",
+        "t/0",
+        "t/1",
+    ]
 
 
 def test_cursor_resumes_exactly():

@@ -97,8 +97,10 @@ def test_golden_solution_in_two_steps_completes_and_verifies(builder, sapi_task)
     first, rest = "\n".join(lines[:1]) + "\n", "\n".join(lines[1:]) + "\n"
 
     def turn(think: str, code: str) -> tuple[list[int], list[int]]:
-        return (tok.encode(think + "</think>", special=True),
-                tok.encode(f"\n\n```python\n{code}```<|im_end|>", special=True))  # fmt: skip
+        return (
+            tok.encode(think + "</think>", special=True),
+            tok.encode(f"\n\n```python\n{code}```<|im_end|>", special=True),
+        )
 
     t1, a1 = turn("First the login.", first)
     t2, a2 = turn("Now the rest.", rest)
@@ -114,6 +116,10 @@ def test_golden_solution_in_two_steps_completes_and_verifies(builder, sapi_task)
     assert all(not any(s.forced) for s in attempt.steps)
     # The second step's prompt holds the first step without its think trace, then its observation.
     second_prompt = builder.tokenizer.decode(engine.requests[2].prompt_ids)
-    assert "First the login." not in second_prompt and first in second_prompt and attempt.steps[0].observation in second_prompt
+    assert (
+        "First the login." not in second_prompt
+        and first in second_prompt
+        and attempt.steps[0].observation in second_prompt
+    )
     failed = attempt.failed_attempt(builder)
     assert failed.steps[0][0].startswith("```python") and failed.attempt == 1

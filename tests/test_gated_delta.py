@@ -20,9 +20,7 @@ _recurrent = jax.jit(recurrent_gated_delta_rule, static_argnames=("use_qk_l2norm
 
 # Every keyword is always passed, so that calls with the same shapes reuse one compilation.
 def chunked(q, k, v, g, beta, *, initial_state, chunk_size: int = 64, use_qk_l2norm: bool = True):
-    return _chunked(
-        q, k, v, g, beta, initial_state=initial_state, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm
-    )
+    return _chunked(q, k, v, g, beta, initial_state=initial_state, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm)
 
 
 def recurrent(q, k, v, g, beta, *, initial_state, use_qk_l2norm: bool = True):
@@ -143,7 +141,7 @@ def test_gradients_match_recurrent():
     argnums = tuple(range(6))
     grads = jax.jit(jax.grad(functools.partial(loss, chunk_gated_delta_rule), argnums))(q, k, v, g, beta, state)
     expected = jax.jit(jax.grad(functools.partial(loss, recurrent_gated_delta_rule), argnums))(q, k, v, g, beta, state)
-    for name, got, want in zip(("q", "k", "v", "g", "beta", "initial_state"), grads, expected):
+    for name, got, want in zip(("q", "k", "v", "g", "beta", "initial_state"), grads, expected, strict=False):
         scale = float(jnp.max(jnp.abs(want)))
         assert scale > 0 and max_abs(got, want) <= 1e-4 * scale, name
 

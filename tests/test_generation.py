@@ -26,8 +26,14 @@ class ScriptedEngine:
 
 
 def _generate(tokenizer, engine, **kw):
-    settings = dict(thinking=True, max_think_tokens=4, max_action_tokens=8, stop_ids=(tokenizer.im_end_id,),
-                    temperature=1.0, seeds=(11, 12))  # fmt: skip
+    settings = dict(
+        thinking=True,
+        max_think_tokens=4,
+        max_action_tokens=8,
+        stop_ids=(tokenizer.im_end_id,),
+        temperature=1.0,
+        seeds=(11, 12),
+    )
     return asyncio.run(generate_two_phase(engine, tokenizer, [1, 2, 3], **(settings | kw)))
 
 

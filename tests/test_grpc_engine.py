@@ -32,8 +32,22 @@ CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
 # The upstream interface (sgl-project/sglang proto/sglang/runtime/v1/sglang.proto, 0.5.23): every message
 # field we declare must carry upstream's number, or a real SGLang server would misread it.
 UPSTREAM_FIELDS = {
-    "SamplingParams": {"temperature": 1, "top_p": 2, "top_k": 3, "max_new_tokens": 8, "stop_token_ids": 11, "ignore_eos": 12},
-    "GenerateRequest": {"input_ids": 1, "sampling_params": 2, "stream": 3, "return_logprob": 4, "logprob_start_len": 6, "rid": 7},
+    "SamplingParams": {
+        "temperature": 1,
+        "top_p": 2,
+        "top_k": 3,
+        "max_new_tokens": 8,
+        "stop_token_ids": 11,
+        "ignore_eos": 12,
+    },
+    "GenerateRequest": {
+        "input_ids": 1,
+        "sampling_params": 2,
+        "stream": 3,
+        "return_logprob": 4,
+        "logprob_start_len": 6,
+        "rid": 7,
+    },
     "GenerateResponse": {"output_ids": 1, "meta_info": 2, "finished": 3},
     "HealthCheckResponse": {"healthy": 1},
     "GetModelInfoResponse": {"model_path": 1, "json_info": 2},
@@ -78,8 +92,16 @@ class Server:
     def __init__(self, model_path: str, tmp: str, name: str):
         self.port_file = os.path.join(tmp, f"{name}.port")
         self.log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 — closed in stop()
-        cmd = [sys.executable, os.path.join(ROOT, "launch", "serve.py"), f"--model_path={model_path}", "--port=0", "--http_port=0",
-               f"--port_file={self.port_file}", "--max_batch=2", "--max_len=128"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.join(ROOT, "launch", "serve.py"),
+            f"--model_path={model_path}",
+            "--port=0",
+            "--http_port=0",
+            f"--port_file={self.port_file}",
+            "--max_batch=2",
+            "--max_len=128",
+        ]
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.grpc = self.http = None
 
@@ -143,9 +165,13 @@ def test_generation_over_two_servers_matches_trainer_logprobs(servers, checkpoin
         requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(_prompts(8))]
         results = client.generate_many(requests)
         assert all(n > 0 for n in client.served_counts().values())  # least-outstanding routing used both
-    for request, result in zip(requests, results):
-        assert result.request_id == request.request_id and result.finish_reason == "length" and result.weight_version == 0
-        np.testing.assert_allclose(result.logprobs, _teacher_forced(models["m0"], request.prompt_ids, result.token_ids), atol=2e-5)
+    for request, result in zip(requests, results, strict=False):
+        assert (
+            result.request_id == request.request_id and result.finish_reason == "length" and result.weight_version == 0
+        )
+        np.testing.assert_allclose(
+            result.logprobs, _teacher_forced(models["m0"], request.prompt_ids, result.token_ids), atol=2e-5
+        )
 
 
 def test_same_seed_same_completion_on_either_server(servers):
@@ -247,7 +273,11 @@ def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
 
     def run():
         try:
-            outcome.set_result(client.generate_many([GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=8, seed=i)) for i in range(4)]))
+            outcome.set_result(
+                client.generate_many(
+                    [GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=8, seed=i)) for i in range(4)]
+                )
+            )
         except Exception as e:  # noqa: BLE001
             outcome.set_result(e)
 
@@ -265,7 +295,9 @@ def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
 def test_a_server_killed_mid_phase_loses_no_request(servers):
     """Kill one server while requests are in flight: every request completes exactly once on the other."""
     victim, survivor = servers
-    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=48, seed=i)) for i, p in enumerate(_prompts(16, seed=3))]
+    requests = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=48, seed=i)) for i, p in enumerate(_prompts(16, seed=3))
+    ]
 
     async def phase(client):
         tasks = [asyncio.ensure_future(client.generate(r)) for r in requests]
@@ -283,12 +315,18 @@ def test_a_server_killed_mid_phase_loses_no_request(servers):
 
 def test_serve_sglang_commands_and_clear_error_without_sglang():
     script = os.path.join(ROOT, "launch", "serve_sglang.py")
-    dry = subprocess.run([sys.executable, script, "--model_path=/ckpt/q", "--num_servers=2", "--tp=2", "--dry_run"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    dry = subprocess.run(
+        [sys.executable, script, "--model_path=/ckpt/q", "--num_servers=2", "--tp=2", "--dry_run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert dry[1].startswith("CUDA_VISIBLE_DEVICES=2,3 ")
     for flag in ("--grpc-port 40001", "--port 30001", "--skip-tokenizer-init", "--weight-version 0", "--tp-size 2"):
         assert flag in dry[1]
-    assert dry[2].endswith("engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001")
+    assert dry[2].endswith(
+        "engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001"
+    )
     real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
     assert real.returncode != 0
     assert "SGLang is not installed" in real.stderr or "no CUDA GPU" in real.stderr

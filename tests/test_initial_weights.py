@@ -34,8 +34,17 @@ MAX_LEN = 2048  # the tiny preset's rollout.max_context_tokens
 def _serve(tmp: str, name: str, seed: int) -> tuple[subprocess.Popen, str, object]:
     port_file = os.path.join(tmp, f"{name}.port")
     log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 — closed by the fixture
-    cmd = [sys.executable, os.path.join(ROOT, "launch", "serve.py"), "--preset=tiny", f"--seed={seed}", "--port=0",
-           f"--port_file={port_file}", "--max_batch=4", f"--max_len={MAX_LEN}", "--no_warmup"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "launch", "serve.py"),
+        "--preset=tiny",
+        f"--seed={seed}",
+        "--port=0",
+        f"--port_file={port_file}",
+        "--max_batch=4",
+        f"--max_len={MAX_LEN}",
+        "--no_warmup",
+    ]
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.monotonic() + 300
     while not os.path.exists(port_file):
@@ -65,7 +74,9 @@ def servers(tmp_path_factory):
 def _config(workdir: str, servers: list[str]):
     """The shared tiny run (tests/helpers.py: its filters keep the all-failure group, so that its actions reach the
     GRPO term and the logprob gap is measured), 1 action per attempt, sampled by `servers`."""
-    return tiny_run_config(workdir, 1, {"engine.kind": "grpc", "engine.servers": ",".join(servers), "rollout.max_steps": 1})
+    return tiny_run_config(
+        workdir, 1, {"engine.kind": "grpc", "engine.servers": ",".join(servers), "rollout.max_steps": 1}
+    )
 
 
 def _push(servers: list[str], model, path: str, version: int) -> None:

@@ -82,7 +82,10 @@ def test_shorten_and_the_rollout_cap():
 
 def test_prompt_ids_are_a_new_conversation(tokenizer):
     failed = _failed()
-    for thinking, tail in ((True, "<|im_start|>assistant\n<think>\n"), (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n")):
+    for thinking, tail in (
+        (True, "<|im_start|>assistant\n<think>\n"),
+        (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    ):
         writer = InsightWriter(tokenizer, object(), thinking=thinking)
         text = tokenizer.decode(writer.prompt_ids(failed))
         assert text == f"<|im_start|>user\n{writer.prompt(failed)}<|im_end|>\n{tail}"
@@ -91,21 +94,48 @@ def test_prompt_ids_are_a_new_conversation(tokenizer):
 
 # ------------------------------------------------------------------------------------------------ parsing
 
-GOOD = {"summary": "S.", "feedback": "F.", "wrong_step_id": 2, "corrected_step": "x = 1", "hint": "Paginate the search."}
+GOOD = {
+    "summary": "S.",
+    "feedback": "F.",
+    "wrong_step_id": 2,
+    "corrected_step": "x = 1",
+    "hint": "Paginate the search.",
+}
 PARSE_CASES = [
-    ("think + fenced", "I should look at step 2.\n</think>\n\n```json\n" + json.dumps(GOOD, indent=1) + "\n```<|im_end|>", GOOD),
+    (
+        "think + fenced",
+        "I should look at step 2.\n</think>\n\n```json\n" + json.dumps(GOOD, indent=1) + "\n```<|im_end|>",
+        GOOD,
+    ),
     ("bare", json.dumps(GOOD), GOOD),
     ("trailing text", json.dumps(GOOD) + "\nI hope this helps! {not json}", GOOD),
     ("leading text", "Here is the JSON:\n" + json.dumps(GOOD), GOOD),
-    ("trailing commas", '{"summary": "S.", "hint": "Paginate the search.",}', {"summary": "S.", "hint": "Paginate the search."}),
-    ("single quotes", "{'summary': 'S.', 'hint': \"Don't skip page 2.\", 'wrong_step_id': '3'}",
-     {"summary": "S.", "hint": "Don't skip page 2.", "wrong_step_id": 3}),
+    (
+        "trailing commas",
+        '{"summary": "S.", "hint": "Paginate the search.",}',
+        {"summary": "S.", "hint": "Paginate the search."},
+    ),
+    (
+        "single quotes",
+        "{'summary': 'S.', 'hint': \"Don't skip page 2.\", 'wrong_step_id': '3'}",
+        {"summary": "S.", "hint": "Don't skip page 2.", "wrong_step_id": 3},
+    ),
     ("python literals", "{'hint': 'H.', 'ok': true, 'x': null}", {"hint": "H.", "ok": True, "x": None}),
-    ("raw newline and braces in strings", '{"corrected_step": "for p in pages:\n    print(f\\"{p}\\")", "hint": "Use {braces}."}',
-     {"corrected_step": 'for p in pages:\n    print(f"{p}")', "hint": "Use {braces}."}),
-    ("draft in think, answer after", '<think>draft {"hint": "wrong"}</think>{"hint": "right", "summary": "S."}',
-     {"hint": "right", "summary": "S."}),
-    ("example then answer", 'Format {"a": 1}. Answer: {"hint": "H.", "feedback": "F."}', {"hint": "H.", "feedback": "F."}),
+    (
+        "raw newline and braces in strings",
+        '{"corrected_step": "for p in pages:\n    print(f\\"{p}\\")", "hint": "Use {braces}."}',
+        {"corrected_step": 'for p in pages:\n    print(f"{p}")', "hint": "Use {braces}."},
+    ),
+    (
+        "draft in think, answer after",
+        '<think>draft {"hint": "wrong"}</think>{"hint": "right", "summary": "S."}',
+        {"hint": "right", "summary": "S."},
+    ),
+    (
+        "example then answer",
+        'Format {"a": 1}. Answer: {"hint": "H.", "feedback": "F."}',
+        {"hint": "H.", "feedback": "F."},
+    ),
     ("upper-case keys", '{"Hint": "H.", "Wrong_Step_ID": "Step 4"}', {"hint": "H.", "wrong_step_id": 4}),
 ]
 
@@ -143,7 +173,15 @@ def test_parse_failures(text, why):
         ("{'hint': " + "(" * 20_000 + "1" + ")" * 20_000 + "}", "no JSON object"),
         (("{" + "[]" * 3_000) * 10, "no JSON object"),  # unclosed braces: the scan restarts, boundedly
     ],
-    ids=["1MB of {", "100k-deep JSON", "60k of {", "20k-deep JSON", "deep fenced JSON", "deep parentheses", "unclosed braces"],
+    ids=[
+        "1MB of {",
+        "100k-deep JSON",
+        "60k of {",
+        "20k-deep JSON",
+        "deep fenced JSON",
+        "deep parentheses",
+        "unclosed braces",
+    ],
 )
 def test_pathological_answers_fail_fast(text, why):
     start = time.perf_counter()
@@ -164,11 +202,18 @@ def test_content_variants_select_fields():
     assert insight_from_fields({"hint": "  Two\n lines. "}, "hint") == ("Two lines.", None)
     assert insight_from_fields(GOOD, "feedback") == ("F.", None)
     assert insight_from_fields(GOOD, "summary_feedback") == ("S.\n\nF.", None)
-    assert insight_from_fields(GOOD, "summary_feedback_code") == ("S.\n\nF.\n\nCorrected code for step 2:\n```python\nx = 1\n```", None)
+    assert insight_from_fields(GOOD, "summary_feedback_code") == (
+        "S.\n\nF.\n\nCorrected code for step 2:\n```python\nx = 1\n```",
+        None,
+    )
     assert insight_from_fields(GOOD | {"corrected_step": ""}, "summary_feedback_code") == ("S.\n\nF.", None)
     assert insight_from_fields(GOOD, "strategy") == ("S.", None)
-    for content, fields in (("hint", GOOD | {"hint": ""}), ("hint", {"feedback": "F."}), ("summary_feedback", {"summary": "S."}),
-                            ("hint", {"hint": ["not", "text"]})):
+    for content, fields in (
+        ("hint", GOOD | {"hint": ""}),
+        ("hint", {"feedback": "F."}),
+        ("summary_feedback", {"summary": "S."}),
+        ("hint", {"hint": ["not", "text"]}),
+    ):
         text, error = insight_from_fields(fields, content)
         assert text is None and "missing or empty" in error
     with pytest.raises(ValueError):
@@ -210,10 +255,16 @@ def test_verifier_source_on_collateral_damage_and_appworld_traces():
         "Make sure that no other changes were made to the database than the ones the task asks for (no collateral "
         "changes) (this attempt had unexpected changes:; todo.lists: record 3 changed color: 'Red' -> 'Blue')."
     )
-    aw = verdict_from_tracker_dict({
-        "success": False, "num_tests": 2, "passes": [{"requirement": "assert answers match.", "label": "x"}],
-        "failures": [{"requirement": "assert the total was computed.", "trace": "AssertionError: 1592.0 == 1538.0"}],
-    })
+    aw = verdict_from_tracker_dict(
+        {
+            "success": False,
+            "num_tests": 2,
+            "passes": [{"requirement": "assert answers match.", "label": "x"}],
+            "failures": [
+                {"requirement": "assert the total was computed.", "trace": "AssertionError: 1592.0 == 1538.0"}
+            ],
+        }
+    )
     assert rule_insight(aw.report) == "Make sure that the total was computed."  # AppWorld traces can hold ground truth
 
 
@@ -228,13 +279,18 @@ def test_verifier_source_writes_every_content_variant_by_rule(tokenizer):
     steps = (("```python\nprint(apis.music.search_songs(query='run'))\n```", "[]"), ("I give up.", ""))
     failed = FailedAttempt(task, steps, report, attempt=2)
     expected_summary = "Attempt 2 took 2 steps and called apis.music.search_songs; the verifier rejected it."
-    expected_feedback = ("The verifier found 2 failed requirements: assert the playlist is playing; assert the playlist "
-                         "lasts 45 minutes.")  # fmt: skip
+    expected_feedback = (
+        "The verifier found 2 failed requirements: assert the playlist is playing; assert the playlist "
+        "lasts 45 minutes."
+    )
     hint = rule_insight(report)
     texts = {
-        "hint": hint, "feedback": expected_feedback, "summary_feedback": f"{expected_summary}\n\n{expected_feedback}",
-        "summary_feedback_code": f"{expected_summary}\n\n{expected_feedback}", "strategy": expected_summary,
-    }  # fmt: skip
+        "hint": hint,
+        "feedback": expected_feedback,
+        "summary_feedback": f"{expected_summary}\n\n{expected_feedback}",
+        "summary_feedback_code": f"{expected_summary}\n\n{expected_feedback}",
+        "strategy": expected_summary,
+    }
     for content, text in texts.items():
         writer = InsightWriter(tokenizer, None, source="rule", content=content)
         writer_output = asyncio.run(writer.write(failed))
@@ -253,21 +309,49 @@ def _lc_report(statuses, details=(), setup_error=None):
 
 
 def test_verifier_source_on_leetcode_reports():
-    wrong = _lc_report("PFE", [{"i": 1, "s": "F", "input": "nums = [3, 2, 4], target = 6", "got": "[0, 1]", "expected": "[1, 2]"},
-                               {"i": 2, "s": "E", "input": "nums = []", "error": "IndexError: list index out of range"}])
+    wrong = _lc_report(
+        "PFE",
+        [
+            {"i": 1, "s": "F", "input": "nums = [3, 2, 4], target = 6", "got": "[0, 1]", "expected": "[1, 2]"},
+            {"i": 2, "s": "E", "input": "nums = []", "error": "IndexError: list index out of range"},
+        ],
+    )
     sentence = rule_insight(wrong)
-    assert sentence == "Make sure your solution returns the correct result for input nums = [3, 2, 4], target = 6 (it returned [0, 1])."
+    assert (
+        sentence
+        == "Make sure your solution returns the correct result for input nums = [3, 2, 4], target = 6 (it returned [0, 1])."  # noqa: E501
+    )
     assert "[1, 2]" not in sentence  # never the expected output
     error = _lc_report("PE", [{"i": 1, "s": "E", "input": "nums = []", "error": "IndexError: list index out of range"}])
-    assert rule_insight(error) == ("Make sure your solution runs without errors for input nums = [] "
-                                       "(it raised IndexError: list index out of range).")
-    he = _lc_report("F", [{"i": 0, "s": "F", "input": "assert candidate([1.0, 2.2], 0.05) == False", "got": "True", "expected": "False"}])
-    assert rule_insight(he) == "Make sure your solution returns the correct result for input candidate([1.0, 2.2], 0.05) (it returned True)."
+    assert rule_insight(error) == (
+        "Make sure your solution runs without errors for input nums = [] "
+        "(it raised IndexError: list index out of range)."
+    )
+    he = _lc_report(
+        "F",
+        [
+            {
+                "i": 0,
+                "s": "F",
+                "input": "assert candidate([1.0, 2.2], 0.05) == False",
+                "got": "True",
+                "expected": "False",
+            }
+        ],
+    )
+    assert (
+        rule_insight(he)
+        == "Make sure your solution returns the correct result for input candidate([1.0, 2.2], 0.05) (it returned True)."  # noqa: E501
+    )
     assert rule_insight(_lc_report("T", [{"i": 0, "s": "T", "input": "n = 10**9"}])) == (
-        "Make sure your solution is fast enough for input n = 10**9; it exceeded the time limit.")
+        "Make sure your solution is fast enough for input n = 10**9; it exceeded the time limit."
+    )
     setup = rule_insight(_lc_report("", setup_error="`Solution` is not defined"))
     assert setup.startswith("Make sure your code defines what the tests call") and "`Solution` is not defined" in setup
-    assert rule_insight("Failed: no code was run.") == "Make sure to write your solution as a Python code block so that it runs."
+    assert (
+        rule_insight("Failed: no code was run.")
+        == "Make sure to write your solution as a Python code block so that it runs."
+    )
     assert "did not finish" in rule_insight(lc.parse_result("", lc.new_marker(), 3).report)
     assert rule_insight("") == "Make sure the attempt fully completes the task as asked."
 
@@ -275,7 +359,10 @@ def test_verifier_source_on_leetcode_reports():
 def test_verifier_writer_needs_no_engine(tokenizer):
     writer = InsightWriter.from_config(tiny_config(), tokenizer, engine=None)
     writer_output = asyncio.run(writer.write(_failed()))
-    assert writer_output.insight == "Make sure that the playlist has length >= the workout length (this attempt had length=2712)."
+    assert (
+        writer_output.insight
+        == "Make sure that the playlist has length >= the workout length (this attempt had length=2712)."
+    )
     assert writer_output.parse_error is None and writer_output.prompt_tokens == writer_output.completion_tokens == 0
     assert asyncio.run(writer.write(_failed(success=True))).insight is None
 
@@ -301,7 +388,7 @@ class ScriptedEngine:
 
 
 def test_two_phase_generation_and_a_parsed_insight(tokenizer):
-    answer = '{"summary": "S.", "feedback": "F.", "wrong_step_id": 1, "corrected_step": "", "hint": "Paginate the search."}<|im_end|>'
+    answer = '{"summary": "S.", "feedback": "F.", "wrong_step_id": 1, "corrected_step": "", "hint": "Paginate the search."}<|im_end|>'  # noqa: E501
     engine = ScriptedEngine(tokenizer, ["The agent missed page two.</think>", "\n\n" + answer])
     writer = InsightWriter(tokenizer, engine, max_think_tokens=64, max_action_tokens=128)
     j = asyncio.run(writer.write(_failed(), seed=7))
@@ -347,11 +434,21 @@ def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
         assert j.action_tokens == 16
 
     # Non-thinking writer, served as a "teacher": one phase only, the closed empty think block in the prompt.
-    teacher = InsightWriter(tokenizer, None, source="teacher", teacher_engine=jax_engine, thinking=False,
-                            show_failed_tests=False, max_action_tokens=16, max_observation_chars=200)
+    teacher = InsightWriter(
+        tokenizer,
+        None,
+        source="teacher",
+        teacher_engine=jax_engine,
+        thinking=False,
+        show_failed_tests=False,
+        max_action_tokens=16,
+        max_observation_chars=200,
+    )
     j = asyncio.run(teacher.write(failed, seed=1))
     assert j.think_tokens == 0 and 1 <= j.action_tokens <= 16 and not any(j.forced) and j.insight is None
-    assert tokenizer.decode(j.prompt_ids).endswith("<think>\n\n</think>\n\n") and "AssertionError" not in tokenizer.decode(j.prompt_ids)
+    assert tokenizer.decode(j.prompt_ids).endswith(
+        "<think>\n\n</think>\n\n"
+    ) and "AssertionError" not in tokenizer.decode(j.prompt_ids)
 
 
 def test_from_config_and_argument_checks(tokenizer):

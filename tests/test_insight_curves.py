@@ -76,8 +76,15 @@ def test_modes_schedules_and_errors():
 
 
 def _config():
-    return tiny_config({"rollout.max_steps": 1, "rollout.max_think_tokens": 4, "rollout.max_action_tokens": 8,
-                        "eval.num_tasks": 2, "insight.max_insights": 16})  # fmt: skip
+    return tiny_config(
+        {
+            "rollout.max_steps": 1,
+            "rollout.max_think_tokens": 4,
+            "rollout.max_action_tokens": 8,
+            "eval.num_tasks": 2,
+            "insight.max_insights": 16,
+        }
+    )
 
 
 def test_curve_tasks_select_like_eval_tasks():
@@ -104,9 +111,15 @@ def curves(tiny_policy, builder, tmp_path_factory):
     writer = InsightWriter.from_config(c, builder.tokenizer, engine)
     seen: list[str] = []
     results = ic.insight_curves(
-        engine, builder, c, tasks=tasks, make_env=lambda: make_env("sapi", step_timeout_s=5.0), writer=writer,
-        max_k=3, on_mode=lambda r: seen.append(r.mode),
-    )  # fmt: skip
+        engine,
+        builder,
+        c,
+        tasks=tasks,
+        make_env=lambda: make_env("sapi", step_timeout_s=5.0),
+        writer=writer,
+        max_k=3,
+        on_mode=lambda r: seen.append(r.mode),
+    )
     out = tmp_path_factory.mktemp("curves")
     paths = ic.write_curves(results, out)
     return results, seen, out, paths
@@ -128,7 +141,9 @@ def test_insights_in_context_per_mode(curves):
                 earlier = [rule_insight(e.verdict.report) for e in group[: a.index - 1]]
                 want = {"iid": [], "latest": earlier[-1:], "sequential": earlier}[mode]
                 assert [i.text for i in a.insights] == want
-        np.testing.assert_allclose(r.mean_insights, {"iid": [0, 0, 0], "latest": [0, 1, 1], "sequential": [0, 1, 2]}[mode])
+        np.testing.assert_allclose(
+            r.mean_insights, {"iid": [0, 0, 0], "latest": [0, 1, 1], "sequential": [0, 1, 2]}[mode]
+        )
         assert len(r.phase.writer_outputs) == (0 if mode == "iid" else 6)
     # Same phase tag in every mode: attempt 1 (no insight anywhere) is the same sample (common random numbers).
     firsts = {m: {t: g[0].steps[0].action_ids for t, g in r.phase.groups().items()} for m, r in results.items()}
@@ -137,7 +152,11 @@ def test_insights_in_context_per_mode(curves):
 
 def test_curves_and_written_files(curves):
     results, _, out, paths = curves
-    assert sorted(os.path.basename(p) for p in paths) == ["insight_curves.csv", "insight_curves.png", "insight_curves_attempts.csv"]
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "insight_curves.csv",
+        "insight_curves.png",
+        "insight_curves_attempts.csv",
+    ]
     for mode in ("latest", "sequential"):
         assert np.all(np.diff(results[mode].pass_at_k) >= 0)
     for r in results.values():
@@ -157,8 +176,17 @@ def test_curves_and_written_files(curves):
 
 def test_cli_rejects_a_bad_mode():
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO_ROOT, "launch", "insight_curves.py"), "--config=configs/sapi.py:tiny", "--modes=iid,grpo"],
-        check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "launch", "insight_curves.py"),
+            "--config=configs/sapi.py:tiny",
+            "--modes=iid,grpo",
+        ],
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "unknown mode(s) 'grpo'; choose from iid, latest, sequential" in proc.stderr

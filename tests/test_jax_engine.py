@@ -59,7 +59,7 @@ def test_logprobs_equal_teacher_forced(engine, model):
     """Temperature 1, no truncation: the engine's logprobs are the model's logprobs of the same ids."""
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(_prompts(6))]
     results = engine.generate_many(requests)  # 6 requests on 4 slots: two are admitted as others finish
-    for request, result in zip(requests, results):
+    for request, result in zip(requests, results, strict=False):
         assert result.finish_reason == "length" and len(result.token_ids) == 12
         expected = _teacher_forced(model, request.prompt_ids, result.token_ids)
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-5)
@@ -68,7 +68,9 @@ def test_logprobs_equal_teacher_forced(engine, model):
 def test_padded_prefill_bucket(model):
     """Batched prefill: three requests admitted together fill a bucket of four; the padding row is dropped, not
     recorded, and each result is its prompt's (the model's logprobs, up to rounding)."""
-    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in enumerate(_prompts(3, seed=13))]
+    requests = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in enumerate(_prompts(3, seed=13))
+    ]
     results, finished = {}, threading.Semaphore(0)
     with JaxEngine(model, max_batch=4, max_len=96, batch_invariant=False) as engine:
         engine.pause()  # queue all three first, so that one admission takes them together
@@ -119,7 +121,9 @@ def test_stop_tokens_and_budget(engine):
     free = engine.generate_many([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6))])[0]
     stop_at = free.token_ids[2]
     first = free.token_ids.index(stop_at)
-    stopped = engine.generate_many([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(stop_at,)))])[0]
+    stopped = engine.generate_many(
+        [GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(stop_at,)))]
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[: first + 1]  # the stop token is returned
     with pytest.raises(ValueError, match="max_len=96"):
@@ -142,7 +146,10 @@ def test_weight_update_changes_outputs_and_version(model):
 
 def test_asyncio_generate_many_in_flight(engine):
     async def main():
-        requests = [GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 3, seed=i)) for i, p in enumerate(_prompts(7, seed=9))]
+        requests = [
+            GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 3, seed=i))
+            for i, p in enumerate(_prompts(7, seed=9))
+        ]
         return requests, await asyncio.gather(*(engine.generate(r) for r in requests))
 
     requests, results = asyncio.run(main())
@@ -155,7 +162,9 @@ def test_top_k_top_p_truncation():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]] * (2 * n)))
     top_p = jnp.concatenate([jnp.full(n, 0.7), jnp.ones(n)])
     top_k = jnp.concatenate([jnp.full(n, -1), jnp.ones(n, jnp.int32)])
-    tokens, lp = jax.jit(sample_tokens)(logits, jnp.ones(2 * n), top_p, top_k, jax.random.split(jax.random.key(0), 2 * n))
+    tokens, lp = jax.jit(sample_tokens)(
+        logits, jnp.ones(2 * n), top_p, top_k, jax.random.split(jax.random.key(0), 2 * n)
+    )
     tokens, lp = np.asarray(tokens), np.asarray(lp)
     assert set(tokens[:n]) == {0, 1}  # top-p 0.7 keeps {0.5, 0.3}
     assert set(tokens[n:]) == {0}  # top-k 1
@@ -180,7 +189,10 @@ def test_pause_in_place_update_resume(model):
     with JaxEngine(model, max_batch=4, max_len=96) as engine:  # the module engine's shapes: no new compile
         engine.pause()
         results, finished = [], threading.Event()
-        engine.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=6, seed=1)), lambda r: (results.append(r), finished.set()))
+        engine.submit(
+            GenerationRequest(prompt, SamplingParams(max_new_tokens=6, seed=1)),
+            lambda r: (results.append(r), finished.set()),
+        )
         assert engine.load() == {"num_running": 0, "num_waiting": 1}  # paused: nothing is admitted
         engine.update_weights(other, version=5)
         engine.resume()
@@ -252,22 +264,32 @@ def test_prefix_cache_hits_are_bit_identical_to_misses(model):
     a multiple of C (rows are rounded up to 112)."""
     rng = np.random.default_rng(20)
     task = tuple(rng.integers(0, 256, 45).tolist())
-    prompts = [task, task, task + tuple(rng.integers(0, 256, 25).tolist()), task[:32],
-               task[:20] + tuple(rng.integers(0, 256, 30).tolist()), tuple(rng.integers(0, 256, 97).tolist())]  # fmt: skip
+    prompts = [
+        task,
+        task,
+        task + tuple(rng.integers(0, 256, 25).tolist()),
+        task[:32],
+        task[:20] + tuple(rng.integers(0, 256, 30).tolist()),
+        tuple(rng.integers(0, 256, 97).tolist()),
+    ]
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i % 2)) for i, p in enumerate(prompts)]
     results, stats = {}, {}
     for budget in (0, 1 << 24):
         with JaxEngine(model, max_batch=2, max_len=100, prefill_chunk=16, prefix_cache_bytes=budget) as engine:
-            results[budget] = [engine.generate_many([r])[0] for r in requests]  # one at a time: each sees the last's entries
+            results[budget] = [
+                engine.generate_many([r])[0] for r in requests
+            ]  # one at a time: each sees the last's entries
             stats[budget] = engine.prefix_stats()
     assert stats[0]["hits"] == 0 and stats[0]["entries"] == 0
     # task: stores 16, 32 (45 // 16 = 2); the second attempt resumes at 32, the next step at 32 (64 is stored then),
     # task[:32] at 16 (it needs a token left to sample from), the diverging prompt at 16; the unrelated one misses.
     assert stats[1 << 24]["hits"] == 4 and stats[1 << 24]["reused_tokens"] == 32 + 32 + 16 + 16
     assert stats[1 << 24]["prefilled_tokens"] + stats[1 << 24]["reused_tokens"] == sum(map(len, prompts))
-    for cached, plain, request in zip(results[1 << 24], results[0], requests):
+    for cached, plain, request in zip(results[1 << 24], results[0], requests, strict=False):
         assert cached.token_ids == plain.token_ids and cached.logprobs == plain.logprobs
-        np.testing.assert_allclose(cached.logprobs, _teacher_forced(model, request.prompt_ids, cached.token_ids), atol=2e-5)
+        np.testing.assert_allclose(
+            cached.logprobs, _teacher_forced(model, request.prompt_ids, cached.token_ids), atol=2e-5
+        )
 
 
 def test_prefix_cache_budget_and_new_weights(model):
@@ -299,19 +321,28 @@ def test_bf16_weights_logprobs_are_close_to_fp32(model):
     prompts = _prompts(8, seed=22)
     sampled = [GenerationRequest(p, SamplingParams(max_new_tokens=16, seed=i)) for i, p in enumerate(prompts)]
     greedy = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts]
-    with JaxEngine(model, max_batch=4, max_len=96, weights_dtype="bfloat16") as bf16, JaxEngine(model, max_batch=4, max_len=96) as fp32:
+    with (
+        JaxEngine(model, max_batch=4, max_len=96, weights_dtype="bfloat16") as bf16,
+        JaxEngine(model, max_batch=4, max_len=96) as fp32,
+    ):
         assert bf16.weights_dtype == jnp.bfloat16 and fp32.weights_dtype == jnp.float32
-        ours, ours_greedy, reference = bf16.generate_many(sampled), bf16.generate_many(greedy), fp32.generate_many(greedy)
+        ours, ours_greedy, reference = (
+            bf16.generate_many(sampled),
+            bf16.generate_many(greedy),
+            fp32.generate_many(greedy),
+        )
         bf16.update_weights(model, version=4)  # the update is cast too
         after = bf16.generate_many(greedy[:1])[0]
-    gaps = np.concatenate([_teacher_forced(model, r.prompt_ids, o.token_ids) - o.logprobs for r, o in zip(sampled, ours)])
+    gaps = np.concatenate(
+        [_teacher_forced(model, r.prompt_ids, o.token_ids) - o.logprobs for r, o in zip(sampled, ours, strict=False)]
+    )
     assert np.abs(gaps).max() < 0.05 and abs(gaps.mean()) < 0.005
-    for r, o in zip(greedy, ours_greedy):
+    for r, o in zip(greedy, ours_greedy, strict=False):
         n = len(r.prompt_ids)
         full = _full_logits(model, (*r.prompt_ids, *o.token_ids))[n - 1 : n - 1 + len(o.token_ids)]
         chosen = np.take_along_axis(full, np.asarray(o.token_ids)[:, None], axis=-1)[:, 0]
         assert (full.max(-1) - chosen).max() < 0.05
-    assert sum(o.token_ids == f.token_ids for o, f in zip(ours_greedy, reference)) >= 6
+    assert sum(o.token_ids == f.token_ids for o, f in zip(ours_greedy, reference, strict=False)) >= 6
     assert after.weight_version == 4 and after.token_ids == ours_greedy[0].token_ids
 
 
@@ -333,8 +364,16 @@ def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
     config = base.get_config()
     assert EngineConfig.from_config(config).jax_engine_options()["prefix_cache_bytes"] == 1024 * 2**20
     assert config.engine.weights_dtype == ""
-    base.override(config, {"engine.kind": "jax", "engine.prefix_cache_mb": 3, "engine.weights_dtype": "bfloat16",
-                           "engine.prefill_chunk": 32, "rollout.max_context_tokens": 64})  # fmt: skip
+    base.override(
+        config,
+        {
+            "engine.kind": "jax",
+            "engine.prefix_cache_mb": 3,
+            "engine.weights_dtype": "bfloat16",
+            "engine.prefill_chunk": 32,
+            "rollout.max_context_tokens": 64,
+        },
+    )
     with policy_engine(EngineConfig.from_config(config), model, workdir=str(tmp_path)) as engine:
         assert engine.weights_dtype == jnp.bfloat16 and engine.prefix_stats()["budget_bytes"] == 3 * 2**20
         assert engine.prefill_chunk == 32

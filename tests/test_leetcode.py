@@ -216,12 +216,15 @@ def test_wrong_solution_reports_input_got_expected(env, tasks, eval_tasks):
 
 
 def test_exception_in_one_case_is_reported_for_that_case_only(env, tasks):
-    code = TWO_SUM.replace("        seen = {}", "        if nums == [3, 3]:\n            raise KeyError('odd')\n        seen = {}")
+    code = TWO_SUM.replace(
+        "        seen = {}", "        if nums == [3, 3]:\n            raise KeyError('odd')\n        seen = {}"
+    )
     verdict = _attempt(env, tasks["leetcode/two_sum"], code)
     assert (verdict.num_passed, verdict.num_tests) == (14, 15)
     assert verdict.report.startswith("Failed 1 of 15 tests (14 passed).")
-    assert "Test 3 (error):\n  input: nums = [3, 3], target = 6\n  expected: [0, 1]\n  error: KeyError: 'odd' (line 5" in (
-        verdict.report
+    assert (
+        "Test 3 (error):\n  input: nums = [3, 3], target = 6\n  expected: [0, 1]\n  error: KeyError: 'odd' (line 5"
+        in (verdict.report)
     )
 
 
@@ -238,7 +241,7 @@ def test_infinite_loop_ends_with_a_timeout_verdict(env, tasks):
 def test_code_that_swallows_the_timer_is_killed_by_the_sandbox(tasks):
     from rltldr_jax.envs.sandbox import SandboxLimits
 
-    stubborn = "class Solution:\n    def two_sum(self, nums, target):\n        while True:\n            try:\n                while True:\n                    pass\n            except BaseException:\n                pass\n"
+    stubborn = "class Solution:\n    def two_sum(self, nums, target):\n        while True:\n            try:\n                while True:\n                    pass\n            except BaseException:\n                pass\n"  # noqa: E501
     limits = SandboxLimits(wall_s=3, cpu_s=3, memory_mb=1024, output_chars=20000)
     with_limits = lc.LeetCodeEnv(case_timeout_s=0.5, total_timeout_s=1.0, limits=limits)
     try:
@@ -277,7 +280,10 @@ def test_results_that_fake_equality_do_not_pass(env, tasks, eval_tasks):
     assert not verdict.success and verdict.num_passed == 0
     assert "got: 0\n  expected: 3\n  error: the result holds a Always object; return plain values" in verdict.report
     patched = "TreeNode.__eq__ = lambda self, other: True\n" + MAX_DEPTH.replace("max_depth", "invert_tree", 1)
-    patched = patched.replace("return 0 if root is None else 1 + max(self.max_depth(root.left), self.max_depth(root.right))", "return TreeNode(0)")
+    patched = patched.replace(
+        "return 0 if root is None else 1 + max(self.max_depth(root.left), self.max_depth(root.right))",
+        "return TreeNode(0)",
+    )
     verdict = _attempt(env, tasks["leetcode/invert_binary_tree"], patched)
     assert not verdict.success and verdict.num_passed <= 1
     he = always + "def has_close_elements(numbers, threshold):\n    return Always()\n"
@@ -286,7 +292,9 @@ def test_results_that_fake_equality_do_not_pass(env, tasks, eval_tasks):
 
 def test_missing_class_and_no_code(env, tasks):
     verdict = _attempt(env, tasks["leetcode/two_sum"], "x = 1/0\n")
-    assert not verdict.success and "`Solution` is not defined" in verdict.report and "ZeroDivisionError" in verdict.report
+    assert (
+        not verdict.success and "`Solution` is not defined" in verdict.report and "ZeroDivisionError" in verdict.report
+    )
     env.reset(tasks["leetcode/two_sum"])
     assert env.verify().report == "Failed: no code was run."
 
@@ -369,8 +377,12 @@ def test_harness_runner_verifies_in_process(tasks):
             marker = lc.new_marker()
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                exec(compile(lc.harness_code(plan, marker, case_timeout_s=2.0, total_timeout_s=10.0), "<agent:2>",
-                             "exec"), namespace)  # fmt: skip
+                exec(
+                    compile(
+                        lc.harness_code(plan, marker, case_timeout_s=2.0, total_timeout_s=10.0), "<agent:2>", "exec"
+                    ),
+                    namespace,
+                )
             verdict = lc.parse_result(out.getvalue(), marker, plan["num_tests"])
             assert verdict.success is success and verdict.num_tests == plan["num_tests"], verdict.report
             assert "__lc_harness" not in namespace

@@ -63,7 +63,9 @@ def test_grpo_gradient_vanishes_exactly_on_clipped_tokens():
 
 
 def test_grpo_old_logprobs_get_no_gradient():
-    grad = jax.grad(lambda old: grpo_loss(jnp.zeros((1, 2)), old, jnp.ones(1), jnp.ones((1, 2))).loss_sum)(jnp.zeros((1, 2)))
+    grad = jax.grad(lambda old: grpo_loss(jnp.zeros((1, 2)), old, jnp.ones(1), jnp.ones((1, 2))).loss_sum)(
+        jnp.zeros((1, 2))
+    )
     np.testing.assert_array_equal(grad, 0.0)
 
 
@@ -94,11 +96,19 @@ def test_rltldr_loss_combines_normalized_terms():
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.0), 6 / 7, rtol=1e-6)
     np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_coef=0.0), 1.25, rtol=1e-6)
     # Global denominators replace the micro-batch's own counts.
-    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, grpo_count=14, sft_count=10), 6 / 14 + 0.5 * 5 / 10, rtol=1e-6)
+    np.testing.assert_allclose(
+        rltldr_loss(grpo, sft, lam=0.5, grpo_count=14, sft_count=10), 6 / 14 + 0.5 * 5 / 10, rtol=1e-6
+    )
     # The writer-SFT term of Table 8 (RLTF-FM) adds with its own weight and global count.
     writer = SFTTerms(jnp.float32(3.0), jnp.float32(4.0))
-    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5), 6 / 7 + 1.25 + 0.5 * 3 / 4, rtol=1e-6)
-    np.testing.assert_allclose(rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5, writer_count=6), 6 / 7 + 1.25 + 0.25, rtol=1e-6)
+    np.testing.assert_allclose(
+        rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5), 6 / 7 + 1.25 + 0.5 * 3 / 4, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        rltldr_loss(grpo, sft, lam=0.5, writer=writer, writer_sft_coef=0.5, writer_count=6),
+        6 / 7 + 1.25 + 0.25,
+        rtol=1e-6,
+    )
     # A batch without insight tokens: the SFT term is 0, not NaN.
     no_sft = SFTTerms(jnp.float32(0.0), jnp.float32(0.0))
     np.testing.assert_allclose(rltldr_loss(grpo, no_sft, lam=0.5), 6 / 7, rtol=1e-6)
@@ -119,7 +129,10 @@ def _toy_logprobs(params, ids):
 @pytest.fixture(scope="module")
 def toy_batch():
     rng = np.random.default_rng(0)
-    params = {"emb": jnp.asarray(rng.normal(size=(V, D)), jnp.float32), "out": jnp.asarray(rng.normal(size=(D, V)), jnp.float32)}
+    params = {
+        "emb": jnp.asarray(rng.normal(size=(V, D)), jnp.float32),
+        "out": jnp.asarray(rng.normal(size=(D, V)), jnp.float32),
+    }
     ids = jnp.asarray(rng.integers(0, V, size=(B, T)))
     action = rng.random((B, T)) < 0.5
     action[:, 0] = False

@@ -64,8 +64,12 @@ def _worker(role: str, out: str, port: str | None) -> None:
     from rltldr_jax.train.step import LossConfig, TrainBatch
 
     pid = jax.process_index()
-    result: dict[str, Any] = {"joined": joined, "process_count": jax.process_count(), "devices": jax.device_count(),
-                              "local_devices": jax.local_device_count()}  # fmt: skip
+    result: dict[str, Any] = {
+        "joined": joined,
+        "process_count": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+    }
     model = ModelSpec(_model_config()).build(seed=0)
     # SGD with momentum: the update is the clipped gradient (Adam's 1/sqrt(v) would amplify float noise of tiny
     # gradients), and the optimizer state is parameter-shaped (the checkpoint holds a sharded one).
@@ -77,9 +81,12 @@ def _worker(role: str, out: str, port: str | None) -> None:
     insight = (rng.random((A, M, T)) < 0.2) & ~action
     action[..., 0] = insight[..., 0] = False
     batch = TrainBatch(  # host arrays, as batching.pack makes them: every process holds the same whole batch
-        ids=rng.integers(0, 512, (A, M, T)).astype(np.int32), old_logprobs=(-rng.random((A, M, T)) * 6).astype(np.float32),
-        advantages=rng.normal(size=(A, M)).astype(np.float32), action_mask=action, insight_mask=insight,
-    )  # fmt: skip
+        ids=rng.integers(0, 512, (A, M, T)).astype(np.int32),
+        old_logprobs=(-rng.random((A, M, T)) * 6).astype(np.float32),
+        advantages=rng.normal(size=(A, M)).astype(np.float32),
+        action_mask=action,
+        insight_mask=insight,
+    )
     result["metrics"] = {k: float(v) for k, v in update.step(batch).items()}
     after = _flat(nnx.state(update.model()))  # whole, on every process (a gather across the pair)
     result["sharded_leaves"] = sum(any(s is not None for s in x.sharding.spec) for x in jax.tree.leaves(update.params))
@@ -90,8 +97,14 @@ def _worker(role: str, out: str, port: str | None) -> None:
     if role == "pair":
         abstract_params, abstract_opt = update.abstract()
         with Checkpointer(os.path.join(out, "checkpoints"), keep=None) as ckpt:
-            ckpt.save(1, params=update.params, opt_state=update.opt_state, rng=jax.random.key(7), meta={"phase": 1},
-                      model_config=_model_config())  # fmt: skip
+            ckpt.save(
+                1,
+                params=update.params,
+                opt_state=update.opt_state,
+                rng=jax.random.key(7),
+                meta={"phase": 1},
+                model_config=_model_config(),
+            )
             ckpt.wait_until_finished()
             restored = ckpt.restore(1, abstract_params=abstract_params, abstract_opt_state=abstract_opt)
         got, want = _flat(sharding.host_local(restored.params)), _flat(sharding.host_local(update.params))
@@ -124,8 +137,11 @@ def _workdir_rules(workdir: str) -> dict[str, Any]:
     with open(os.path.join(workdir, LOCK), encoding="utf-8") as f:
         r["lock_file"] = f.read().strip()
     sharding.barrier("lock file read")  # (process 0's second claim below rewrites the file: read it first on both)
-    r["event_files"] = sorted(os.path.relpath(os.path.join(d, n), workdir) for d, _, files in os.walk(os.path.join(workdir, "tb"))
-                              for n in files)  # fmt: skip
+    r["event_files"] = sorted(
+        os.path.relpath(os.path.join(d, n), workdir)
+        for d, _, files in os.walk(os.path.join(workdir, "tb"))
+        for n in files
+    )
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         r["metrics_lines"] = len(f.readlines())
     lock.close()
@@ -176,13 +192,18 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         base |= {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
     pair_env = base | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     commands = [
-        ([sys.executable, __file__, "pair", out], pair_env | {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
-                                                            "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}),
+        (
+            [sys.executable, __file__, "pair", out],
+            pair_env
+            | {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
+        ),
         ([sys.executable, __file__, "pair", out, str(port)], pair_env),
         ([sys.executable, __file__, "single", out], base | {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
-    ]  # fmt: skip
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd, env in commands]  # fmt: skip
+    ]
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for cmd, env in commands
+    ]
     logs = []
     try:
         for p in procs:
@@ -198,7 +219,12 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         with open(os.path.join(out, name), encoding="utf-8") as f:
             return json.load(f)
 
-    return {"out": out, "p0": load("result_pair_0.json"), "p1": load("result_pair_1.json"), "one": load("result_single_0.json")}
+    return {
+        "out": out,
+        "p0": load("result_pair_0.json"),
+        "p1": load("result_pair_1.json"),
+        "one": load("result_single_0.json"),
+    }
 
 
 def test_two_processes_join_and_run_the_step_of_one(runs):
@@ -211,7 +237,10 @@ def test_two_processes_join_and_run_the_step_of_one(runs):
     for k, v in one["metrics"].items():
         assert p0["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
     assert p0["metrics"]["loss"] != 0 and p0["metrics"]["grad_norm"] > 0
-    pair, single = np.load(os.path.join(runs["out"], "params_pair.npz")), np.load(os.path.join(runs["out"], "params_single.npz"))
+    pair, single = (
+        np.load(os.path.join(runs["out"], "params_pair.npz")),
+        np.load(os.path.join(runs["out"], "params_single.npz")),
+    )
     assert sorted(pair.files) == sorted(single.files)
     assert one["max_update"] > 1e-3  # the step moved the parameters...
     assert max(float(np.max(np.abs(pair[k] - single[k]))) for k in pair.files) < 1e-6  # ...the same on 2 processes
@@ -247,11 +276,17 @@ def test_process_0_claims_writes_and_decides_for_both(runs):
     # One set of event files (one per x-axis) and one metrics line: process 1 wrote nothing.
     assert len(p0["event_files"]) == 3 and p0["event_files"] == p1["event_files"]
     assert p0["metrics_lines"] == p1["metrics_lines"] == 1
-    assert p0["moved_to"] == p1["moved_to"] and p0["moved_to"].startswith(os.path.join(runs["out"], "run", "discarded-"))
+    assert p0["moved_to"] == p1["moved_to"] and p0["moved_to"].startswith(
+        os.path.join(runs["out"], "run", "discarded-")
+    )
     assert os.path.isfile(os.path.join(p0["moved_to"], "metrics.jsonl"))
     assert p0["from_main"] == p1["from_main"] == {"process": 0, "pid": p0["pid"]}
     assert p0["main_error"] == p1["main_error"] == "invalid literal for int() with base 10: 'not a number on process 0'"
-    assert p0["unpicklable"] == p1["unpicklable"] == "process 0 cannot send its result to the other processes: it does not pickle"
+    assert (
+        p0["unpicklable"]
+        == p1["unpicklable"]
+        == "process 0 cannot send its result to the other processes: it does not pickle"
+    )
     assert p0["gathered"] == p1["gathered"] == [["process", 0], ["process", 1]]
 
 

@@ -87,14 +87,16 @@ def test_notebooks_are_clean_and_generated():
             pass
         else:
             nbformat.validate(nbformat.reads(json.dumps(nb), as_version=4))
-    generator = subprocess.run([sys.executable, os.path.join(COLAB, "build_notebooks.py"), "--check"],
-                               capture_output=True, text=True)  # fmt: skip
+    generator = subprocess.run(
+        [sys.executable, os.path.join(COLAB, "build_notebooks.py"), "--check"], capture_output=True, text=True
+    )
     assert generator.returncode == 0, generator.stderr
 
 
 def test_notebooks_run_top_to_bottom(tmp_path):
-    """Notebook 1 runs the smoke replication grid, then trains the tiny run and evaluates it, notebook 2 measures Δθ and exports to HF, notebook 3
-    analyses the rollouts and measures the insight curves; all in test mode, on one run directory."""
+    """Notebook 1 runs the smoke replication grid, then trains the tiny run and evaluates it, notebook 2 measures Δθ
+    and exports to HF, notebook 3 analyses the rollouts and measures the insight curves; all in test mode, on one
+    run directory."""
     workdir = tmp_path / "run"
     env = {
         **os.environ,
@@ -108,11 +110,19 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     seconds = {}
     for name in NOTEBOOKS:
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-c", RUNNER, os.path.join(COLAB, name)], cwd=COLAB, env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER, os.path.join(COLAB, name)],
+            cwd=COLAB,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         seconds[name] = round(time.time() - t0)
         if proc.returncode != 0:
-            pytest.fail(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}")
+            pytest.fail(
+                f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}"
+            )
     print(f"notebook seconds: {seconds}")
 
     # Notebook 1, part 1: the smoke replication grid (grpo and rltldr, one seed) with its report.
@@ -157,7 +167,9 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     for name in ("evolution.csv", "revisits.csv", "reliance.csv", "revisits.png", "evolution.png", "reliance.png"):
         assert (analysis / name).stat().st_size > 0, name
     curves = _csv(workdir / "insight_curves" / "insight_curves.csv")
-    assert [(r["mode"], r["k"]) for r in curves] == [(m, k) for m in ("iid", "latest", "sequential") for k in ("1", "2")]
+    assert [(r["mode"], r["k"]) for r in curves] == [
+        (m, k) for m in ("iid", "latest", "sequential") for k in ("1", "2")
+    ]
     insights_at_2 = {r["mode"]: float(r["mean_insights"]) for r in curves if r["k"] == "2"}
     assert insights_at_2 == {"iid": 0.0, "latest": 1.0, "sequential": 1.0}  # a random policy fails attempt 1
     attempts = _csv(workdir / "insight_curves" / "insight_curves_attempts.csv")

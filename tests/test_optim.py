@@ -27,8 +27,10 @@ def _updates(tx, grads_seq, params):
 
 
 def _random_tree(rs, scale=1.0):
-    return {"a": (scale * rs.standard_normal((3, 4))).astype(np.float32),
-            "b": (scale * rs.standard_normal(5)).astype(np.float32)}
+    return {
+        "a": (scale * rs.standard_normal((3, 4))).astype(np.float32),
+        "b": (scale * rs.standard_normal(5)).astype(np.float32),
+    }
 
 
 @pytest.mark.parametrize("lr, wd, clip", [(3e-6, 0.0, 1.0), (1e-2, 0.01, 1.0), (1e-3, 0.0, 0.0)])
@@ -38,12 +40,14 @@ def test_default_rule_is_bit_identical_to_clip_plus_adamw(lr, wd, clip):
     rs = np.random.default_rng(0)
     params = _random_tree(rs)
     grads = [_random_tree(rs, scale) for scale in (0.1, 3.0, 0.5, 10.0)]
-    old = optax.chain(optax.clip_by_global_norm(clip) if clip > 0 else optax.identity(),
-                      optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=wd))  # fmt: skip
+    old = optax.chain(
+        optax.clip_by_global_norm(clip) if clip > 0 else optax.identity(),
+        optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=wd),
+    )
     new = make_optimizer(lr, weight_decay=wd, grad_clip_norm=clip)
     (u_old, s_old), (u_new, s_new) = _updates(old, grads, params), _updates(new, grads, params)
     assert jax.tree.structure(s_old) == jax.tree.structure(s_new)
-    for a, b in zip(jax.tree.leaves((u_old, s_old)), jax.tree.leaves((u_new, s_new))):
+    for a, b in zip(jax.tree.leaves((u_old, s_old)), jax.tree.leaves((u_new, s_new)), strict=False):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -54,7 +58,9 @@ def test_the_default_config_builds_the_default_rule():
     params, grads = _random_tree(rs), [_random_tree(rs, 5.0), _random_tree(rs, 0.2)]
     old = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
     new = optimizer_from_config(c.optim)
-    for a, b in zip(jax.tree.leaves(_updates(old, grads, params)), jax.tree.leaves(_updates(new, grads, params))):
+    for a, b in zip(
+        jax.tree.leaves(_updates(old, grads, params)), jax.tree.leaves(_updates(new, grads, params)), strict=False
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -84,8 +90,9 @@ def test_warmup_scales_adam_from_zero():
     params, grads = {"w": np.zeros(2, np.float32)}, {"w": np.array([0.3, 0.4], np.float32)}
     tx = make_optimizer(0.5, name="adam", warmup_steps=2, grad_clip_norm=0.0)
     updates, _ = _updates(tx, [grads] * 3, params)
-    np.testing.assert_allclose([u["w"] for u in updates], [[0.0, 0.0], [-0.25, -0.25], [-0.5, -0.5]],
-                               rtol=1e-4)  # float32 bias correction (1 - 0.999^t)
+    np.testing.assert_allclose(
+        [u["w"] for u in updates], [[0.0, 0.0], [-0.25, -0.25], [-0.5, -0.5]], rtol=1e-4
+    )  # float32 bias correction (1 - 0.999^t)
 
 
 def test_sgd_update_is_minus_lr_times_the_clipped_gradient():
@@ -93,8 +100,10 @@ def test_sgd_update_is_minus_lr_times_the_clipped_gradient():
     (-0.3, 0 | -0.4). The second gradient (0.3, 0 | 0.4) has norm 0.5 < 1 and is not clipped: (-0.15, 0 | -0.2); no
     momentum carries over from the first step."""
     params = {"a": np.array([1.0, 2.0], np.float32), "b": np.array([-1.0], np.float32)}
-    grads = [{"a": np.array([3.0, 0.0], np.float32), "b": np.array([4.0], np.float32)},
-             {"a": np.array([0.3, 0.0], np.float32), "b": np.array([0.4], np.float32)}]  # fmt: skip
+    grads = [
+        {"a": np.array([3.0, 0.0], np.float32), "b": np.array([4.0], np.float32)},
+        {"a": np.array([0.3, 0.0], np.float32), "b": np.array([0.4], np.float32)},
+    ]
     updates, _ = _updates(make_optimizer(0.5, name="sgd", grad_clip_norm=1.0), grads, params)
     np.testing.assert_allclose(updates[0]["a"], [-0.3, 0.0], rtol=1e-6)
     np.testing.assert_allclose(updates[0]["b"], [-0.4], rtol=1e-6)
@@ -114,7 +123,7 @@ def test_adam_and_adamw_differ_only_by_weight_decay():
     p, gs = _random_tree(rs), [_random_tree(rs, s) for s in (0.3, 4.0, 1.0)]
     a, _ = _updates(make_optimizer(1e-3, name="adam", warmup_steps=2), gs, p)
     b, _ = _updates(make_optimizer(1e-3, name="adamw", warmup_steps=2, weight_decay=0.0), gs, p)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False):
         np.testing.assert_array_equal(x, y)
 
 
@@ -124,7 +133,9 @@ def test_make_optimizer_refuses_bad_input_in_one_line():
     assert "\n" not in str(e.value)
     for name in ("adam", "sgd"):
         fix = r"--config.optim.weight_decay=0, or --config.optim.name=adamw"
-        with pytest.raises(ValueError, match=rf"^optim.weight_decay=0.01 with optim.name='{name}' would be ignored: set {fix}") as e:
+        with pytest.raises(
+            ValueError, match=rf"^optim.weight_decay=0.01 with optim.name='{name}' would be ignored: set {fix}"
+        ) as e:
             make_optimizer(1e-3, name=name, weight_decay=0.01)
         assert "\n" not in str(e.value)
 
@@ -148,8 +159,11 @@ def test_config_validation_refuses_unknown_names_and_ignored_weight_decay():
         optimizer_from_config(c.optim)
     # sft.learning_rate replaces optim.learning_rate for the offline SFT baselines; the rest of optim.* applies
     c = base.override(sapi.get_config("tiny"), {"optim.name": "sgd", "optim.grad_clip_norm": 0.0})
-    (u,), _ = _updates(optimizer_from_config(c.optim, learning_rate=0.25), [{"w": np.array([2.0], np.float32)}],
-                       {"w": np.zeros(1, np.float32)})  # fmt: skip
+    (u,), _ = _updates(
+        optimizer_from_config(c.optim, learning_rate=0.25),
+        [{"w": np.array([2.0], np.float32)}],
+        {"w": np.zeros(1, np.float32)},
+    )
     np.testing.assert_allclose(u["w"], [-0.5], rtol=1e-6)
 
 
@@ -164,7 +178,9 @@ def test_checkpoint_restores_the_schedule_step_count(tmp_path):
     with Checkpointer(tmp_path / "ckpt", keep=2, async_save=False) as ckpt:
         ckpt.save(3, params=params, opt_state=state, rng=None)
         r = ckpt.restore(abstract_params=params, abstract_opt_state=jax.eval_shape(tx.init, params))
-        with pytest.raises(CheckpointMismatchError, match=r"(?s)only the optimizer state differs.*optim\.\*.*opt_state"):
+        with pytest.raises(
+            CheckpointMismatchError, match=r"(?s)only the optimizer state differs.*optim\.\*.*opt_state"
+        ):
             plain = make_optimizer(0.8, name="sgd", grad_clip_norm=0.0)
             ckpt.restore(abstract_params=params, abstract_opt_state=jax.eval_shape(plain.init, params))
     assert [int(x) for x in jax.tree.leaves(r.opt_state)] == [3]
@@ -178,8 +194,13 @@ def test_sharded_update_holds_the_schedule_counter():
     c = base.validate(base.override(sapi.get_config("tiny"), {"optim.warmup_steps": 5, "batch.micro_batch_size": 1}))
     spec = ModelSpec(dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=1, layer_types=()))
     model = spec.build(seed=0)
-    update = ShardedUpdate(MeshConfig.from_config(c), model, optimizer_from_config(c.optim), LossConfig(),
-                           micro_batch_size=c.batch.micro_batch_size)  # fmt: skip
+    update = ShardedUpdate(
+        MeshConfig.from_config(c),
+        model,
+        optimizer_from_config(c.optim),
+        LossConfig(),
+        micro_batch_size=c.batch.micro_batch_size,
+    )
     _, abstract_opt = update.abstract()
     scalars = [x for x in jax.tree.leaves(update.opt_state) if x.ndim == 0]
     assert [int(x) for x in scalars] == [0, 0]  # Adam's count and the schedule's count

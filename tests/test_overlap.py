@@ -180,17 +180,24 @@ def test_a_pending_phase_is_collected_in_its_own_thread(tiny_policy, builder):
     _, engine = tiny_policy
     tasks = generate_tasks("train", seed=0, n=60)[4:6]
     collector = Collector(
-        engine, lambda: make_env("sapi", step_timeout_s=5.0), builder,
+        engine,
+        lambda: make_env("sapi", step_timeout_s=5.0),
+        builder,
         EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096, seed=3),
-        InsightSchedule("never"), None, group_size=2, exact_group_size=True,
-    )  # fmt: skip
+        InsightSchedule("never"),
+        None,
+        group_size=2,
+        exact_group_size=True,
+    )
     pending = collector.start(tasks, phase=5)
     assert pending.phase == 5 and pending.tasks == tuple(tasks)
     background = pending.wait()
     assert pending.done and pending.seconds > 0 and _collection_threads() == []
     foreground = collector.collect(tasks, phase=5)
     for task_id, group in foreground.groups().items():
-        assert [[s.action_ids for s in a.steps] for a in group] == [[s.action_ids for s in a.steps] for a in background.groups()[task_id]]
+        assert [[s.action_ids for s in a.steps] for a in group] == [
+            [s.action_ids for s in a.steps] for a in background.groups()[task_id]
+        ]
     with pytest.raises(ValueError, match="the tasks of a phase must be distinct"):
         collector.start([tasks[0], tasks[0]], phase=6)
     # A phase cancelled at once ends (whether or not it had begun), and waiting on it says it was cancelled.

@@ -33,7 +33,9 @@ from rltldr_jax.tokenization import render_context
 from rltldr_jax.train.batching import ExampleConfig, pack, phase_examples
 from rltldr_jax.train.step import LossConfig, train_step
 
-TASK = Task("playlist", "Start a playlist that's long enough for my workout. My workout plan is in my notes.", "sapi", "train")
+TASK = Task(
+    "playlist", "Start a playlist that's long enough for my workout. My workout plan is in my notes.", "sapi", "train"
+)
 INSIGHTS = ["Remember to paginate search results.", "Sort the notes to find the most recent one."]
 # The writer's hints in order; the third attempt's failure yields a third that no attempt of this phase sees.
 HINTS = [*INSIGHTS, "Check the playlist's total duration before starting it."]
@@ -70,7 +72,13 @@ class ScriptedPolicy:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         prompt = self.tok.decode(request.prompt_ids)
         if REPORT in prompt:  # the writer
-            answer = {"summary": "s", "feedback": "f", "wrong_step_id": 1, "corrected_step": "", "hint": HINTS[self.written]}
+            answer = {
+                "summary": "s",
+                "feedback": "f",
+                "wrong_step_id": 1,
+                "corrected_step": "",
+                "hint": HINTS[self.written],
+            }
             self.written += 1
             text = "```json\n" + json.dumps(answer) + "\n```<|im_end|>"
         else:
@@ -86,9 +94,15 @@ def test_failed_attempts_get_the_papers_insights_inserted_and_sft_masked(tiny_po
     policy = ScriptedPolicy(tok)
     writer = InsightWriter(tok, policy, source="policy", thinking=False, max_action_tokens=256)
     collector = Collector(
-        policy, FailingEnv, builder, EpisodeConfig(max_steps=2, max_think_tokens=16, max_action_tokens=16),
-        InsightSchedule("threshold", threshold=0.5), writer, group_size=3, exact_group_size=True,
-    )  # fmt: skip
+        policy,
+        FailingEnv,
+        builder,
+        EpisodeConfig(max_steps=2, max_think_tokens=16, max_action_tokens=16),
+        InsightSchedule("threshold", threshold=0.5),
+        writer,
+        group_size=3,
+        exact_group_size=True,
+    )
     result = collector.collect([TASK], phase=0)
     attempts = result.groups()["playlist"]
     assert [len(a.insights) for a in attempts] == [0, 1, 2]  # running success 0 ≤ 0.5 and an insight exists
@@ -112,11 +126,11 @@ def test_failed_attempts_get_the_papers_insights_inserted_and_sft_masked(tiny_po
     examples, _ = phase_examples(result.attempts, builder, no_filters)
     (third,) = [e for e in examples if e.attempt == 3]
     edges = np.flatnonzero(np.diff(np.concatenate([[0], third.insight_mask.astype(np.int8), [0]])))
-    runs = list(zip(edges[::2], edges[1::2]))
+    runs = list(zip(edges[::2], edges[1::2], strict=False))
     assert [tok.decode(third.ids[a:b]) for a, b in runs] == INSIGHTS
     assert tok.decode(third.ids[: runs[0][0]]).endswith(
         "Task: Start a playlist that's long enough for my workout. My workout plan is in my notes.<|im_end|>\n"
-        "<|im_start|>user\n==> A previous Attempt 1 on this same task FAILED the verifier. <==\nHint on what went wrong: "
+        "<|im_start|>user\n==> A previous Attempt 1 on this same task FAILED the verifier. <==\nHint on what went wrong: "  # noqa: E501
     )
     assert render_context(builder.build(task_text(TASK), attempts[2].insights), tok) == expected_prefix
     assert not (third.insight_mask & third.action_mask).any()

@@ -20,12 +20,28 @@ import transformers  # noqa: E402
 T = 150  # longer than one delta-rule chunk (64) and not a multiple of it
 
 HF_TINY = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=8,  # 2 blocks of (3 × DeltaNet, 1 × attn)
-    num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # GQA 2
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,  # grouped v heads
-    linear_conv_kernel_dim=4, rms_norm_eps=1e-6, tie_word_embeddings=False,
-    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-)  # fmt: skip
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,  # 2 blocks of (3 × DeltaNet, 1 × attn)
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # GQA 2
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,  # grouped v heads
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1e7,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+)
 
 
 def _perturbed_hf_model(seed: int = 0, **overrides):
@@ -94,20 +110,33 @@ def test_logits_match_transformers(hf_checkpoint, full_logits, ids):
 def test_vlm_layout_with_sharded_index(hf_checkpoint, full_logits, ids, tmp_path):
     """The released layout: model.language_model.*, plus vision and MTP tensors that are skipped, in 2 shards."""
     _, path = hf_checkpoint
-    tensors = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
-               for k, v in load_file(os.path.join(path, "model.safetensors")).items()}  # fmt: skip
+    tensors = {
+        ("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
+        for k, v in load_file(os.path.join(path, "model.safetensors")).items()
+    }
     tensors["model.visual.blocks.0.attn.qkv.weight"] = np.zeros((3, 3), np.float32)
     tensors["mtp.fc.weight"] = np.zeros((2, 2), np.float32)
     names = sorted(tensors)
     half = len(names) // 2
-    shards = {"model.safetensors-00001-of-00002.safetensors": names[:half], "model.safetensors-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model.safetensors-00001-of-00002.safetensors": names[:half],
+        "model.safetensors-00002-of-00002.safetensors": names[half:],
+    }
     for file, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, tmp_path / file)
     index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     text_config = json.load(open(os.path.join(path, "config.json")))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                      "text_config": text_config, "vision_config": {}}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5",
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "text_config": text_config,
+                "vision_config": {},
+            }
+        )
+    )
     vlm = load_pretrained(tmp_path)
     np.testing.assert_array_equal(np.asarray(_forward(vlm, ids)), full_logits)
 
@@ -220,7 +249,7 @@ def test_remat_gives_the_same_gradients(hf_checkpoint, ids):
 
     plain = grads(load_pretrained(hf_checkpoint[1]))
     remat = grads(load_pretrained(hf_checkpoint[1], remat=True))
-    for (k, a), (_, b) in zip(nnx.to_flat_state(plain), nnx.to_flat_state(remat)):
+    for (k, a), (_, b) in zip(nnx.to_flat_state(plain), nnx.to_flat_state(remat), strict=False):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=1e-4, atol=1e-7, err_msg=str(k))
         assert np.isfinite(np.asarray(a[...])).all()
 
@@ -260,13 +289,18 @@ def test_checkpoint_errors_are_clear(hf_checkpoint, tmp_path):
 
 
 def test_config_from_hf_and_presets():
-    vlm = {"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 4096, "rope_parameters": {"rope_theta": 1e7}}}
+    vlm = {
+        "model_type": "qwen3_5",
+        "text_config": {"model_type": "qwen3_5_text", "hidden_size": 4096, "rope_parameters": {"rope_theta": 1e7}},
+    }
     c = Qwen35Config.from_hf_dict(vlm)
     assert c.block_pattern == ("linear_attention",) * 3 + ("full_attention",) and c.num_blocks == 8
     assert c.block_runs == (("linear_attention", 3), ("full_attention", 1))
     assert c.rotary_dim == 64 and c.conv_dim == 8192
     assert get_preset("qwen3_5_9b").num_params() == 8_953_803_264  # the reference's meta-device count
-    hf_count = sum(p.numel() for p in transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**HF_TINY)).parameters())
+    hf_count = sum(
+        p.numel() for p in transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**HF_TINY)).parameters()
+    )
     assert Qwen35Config.from_hf_dict(transformers.Qwen3_5TextConfig(**HF_TINY).to_dict()).num_params() == hf_count
     with pytest.raises(ValueError, match="rope_theta"):
         Qwen35Config.from_hf_dict({"model_type": "qwen3_5_text"})
@@ -283,7 +317,9 @@ def test_program_size_does_not_grow_with_depth():
     def hlo_ops(layers: int) -> int:
         config = dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=layers, layer_types=())
         graphdef, params = nnx.split(ModelSpec(config).abstract())
-        lowered = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)).lower(params, jax.ShapeDtypeStruct((1, 16), jnp.int32))
+        lowered = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)).lower(
+            params, jax.ShapeDtypeStruct((1, 16), jnp.int32)
+        )
         return sum(1 for line in lowered.as_text().splitlines() if "=" in line)
 
     assert hlo_ops(32) == hlo_ops(8)

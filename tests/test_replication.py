@@ -24,6 +24,7 @@ def _flat(d, prefix=""):
 
 def test_arms_differ_exactly_in_their_keys():
     ref = _flat(replicate.arm_config("default", "rltldr", 0).to_dict())
+
     def lam(value):  # the λ arm equal to rltldr's default differs in nothing (the grid runs it once)
         return set() if value == replicate.DEFAULT_LAMBDA else {"loss.lam"}
 
@@ -44,7 +45,10 @@ def test_arms_differ_exactly_in_their_keys():
         config = _flat(replicate.arm_config("default", arm, 0).to_dict())
         changed = {k for k in ref if ref[k] != config[k]} - {"name"}
         assert changed == keys, arm
-    lams = {arm: replicate.arm_config("default", arm, 0).loss.lam for arm in ("lambda_0", "lambda_0.03", "lambda_0.1", "lambda_0.5", "grpo")}
+    lams = {
+        arm: replicate.arm_config("default", arm, 0).loss.lam
+        for arm in ("lambda_0", "lambda_0.03", "lambda_0.1", "lambda_0.5", "grpo")
+    }
     assert lams == {"lambda_0": 0.0, "lambda_0.03": 0.03, "lambda_0.1": 0.1, "lambda_0.5": 0.5, "grpo": 0.0}
     assert replicate.arm_config("default", "grpo", 0).insight.schedule == "never"
     # every seed and arm of one preset shares the pretrained policy; another seed or preset does not
@@ -89,11 +93,24 @@ def smoke_grid(tmp_path_factory):
 
 def test_smoke_grid_writes_the_report(smoke_grid):
     out, paths, lines = smoke_grid
-    assert sorted(os.path.basename(p) for p in paths) == ["curves.png", "insight_curves.png", "results.csv", "results.md"]
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "curves.png",
+        "insight_curves.png",
+        "results.csv",
+        "results.md",
+    ]
     with open(os.path.join(out, "results.csv")) as f:
         rows = list(csv.DictReader(f))
     assert [r["arm"] for r in rows] == ["grpo", "rltldr", "uninformative_insights", "sftldr"]
-    for column in ("arm", "seed", "train_pass1_no_insight", "heldout_pass1_no_insight", "train_pass1_insight", "env_steps", "walltime_s"):
+    for column in (
+        "arm",
+        "seed",
+        "train_pass1_no_insight",
+        "heldout_pass1_no_insight",
+        "train_pass1_insight",
+        "env_steps",
+        "walltime_s",
+    ):
         assert all(r[column] != "" for r in rows), column
     config = replicate.arm_config("smoke", "rltldr", 0)
     steps = config.rollout.tasks_per_phase * config.rollout.group_size  # one attempt = one env step; one phase
@@ -113,7 +130,10 @@ def test_arms_insert_what_they_should(smoke_grid):
     from rltldr_jax.envs import craft
 
     out, _, _ = smoke_grid
-    records = {arm: load_rollouts(os.path.join(out, "runs", f"{arm}-s0")) for arm in ("grpo", "rltldr", "uninformative_insights")}
+    records = {
+        arm: load_rollouts(os.path.join(out, "runs", f"{arm}-s0"))
+        for arm in ("grpo", "rltldr", "uninformative_insights")
+    }
     assert not any(r.with_insights or r.writer_output for r in records["grpo"])  # GRPO: no insight written or inserted
     real = [r.written_insight for r in records["rltldr"] if r.written_insight]
     fake = [r.written_insight for r in records["uninformative_insights"] if r.written_insight]
@@ -121,7 +141,10 @@ def test_arms_insert_what_they_should(smoke_grid):
     tools = set(craft.HIDDEN_RULES.values())
     assert not any(t in f for f in fake for t in tools)
     # the first attempts (same seeds, same base policy, no insight yet) fail alike: each gets one insight in both arms
-    first = {arm: {r.task_id for r in records[arm] if r.attempt.index == 1 and r.written_insight} for arm in ("rltldr", "uninformative_insights")}
+    first = {
+        arm: {r.task_id for r in records[arm] if r.attempt.index == 1 and r.written_insight}
+        for arm in ("rltldr", "uninformative_insights")
+    }
     assert first["rltldr"] == first["uninformative_insights"]  # (equal token lengths: tests/test_craft.py)
 
 
@@ -129,8 +152,13 @@ def test_a_second_run_only_reads_what_is_there(smoke_grid):
     from rltldr_jax.replication.driver import run_replication
 
     out, _, _ = smoke_grid
-    before = {p: os.path.getmtime(p) for p in (os.path.join(out, "runs", "grpo-s0", "summary.json"), os.path.join(out, "base", "s0", "checks.json"))}
-    configs = {("grpo", 0): replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": os.path.join(out, "pretrained")})}
+    before = {
+        p: os.path.getmtime(p)
+        for p in (os.path.join(out, "runs", "grpo-s0", "summary.json"), os.path.join(out, "base", "s0", "checks.json"))
+    }
+    configs = {
+        ("grpo", 0): replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": os.path.join(out, "pretrained")})
+    }
     lines: list[str] = []
     run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
     assert {p: os.path.getmtime(p) for p in before} == before
@@ -175,14 +203,25 @@ def test_pretrain_launcher_prints_the_cached_checkpoint(smoke_grid):
     out, _, _ = smoke_grid
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cache = os.path.join(out, "pretrained")
-    cmd = [sys.executable, os.path.join(repo, "launch", "pretrain.py"), "--config=" + os.path.join(repo, "configs", "replicate.py:smoke"),
-           f"--config.pretrain.cache_dir={cache}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(repo, "launch", "pretrain.py"),
+        "--config=" + os.path.join(repo, "configs", "replicate.py:smoke"),
+        f"--config.pretrain.cache_dir={cache}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     from rltldr_jax.train.pretrain import pretrained_dir
 
-    assert proc.stdout.strip() == pretrained_dir(replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": cache}))
-    bad = subprocess.run([*cmd[:2], "--config=" + os.path.join(repo, "configs", "sapi.py:tiny")], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == pretrained_dir(
+        replicate.arm_config("smoke", "grpo", 0, {"pretrain.cache_dir": cache})
+    )
+    bad = subprocess.run(
+        [*cmd[:2], "--config=" + os.path.join(repo, "configs", "sapi.py:tiny")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "pretrain.steps is 0" in bad.stderr
 
 
@@ -199,8 +238,10 @@ def test_a_run_process_ends_with_its_grid(tmp_path):
         "    time.sleep(300)\n"
     )
     marker = tmp_path / "pid"
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from work import work; "
-            f"from rltldr_jax.replication.driver import isolated; isolated(work, {str(marker)!r})")  # fmt: skip
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from work import work; "
+        f"from rltldr_jax.replication.driver import isolated; isolated(work, {str(marker)!r})"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, JAX_PLATFORMS="cpu"))
     try:
         deadline = time.time() + 120
@@ -237,13 +278,17 @@ def test_the_shipped_base_policies_match_the_replication(tmp_path):
     for seed in replicate.GRIDS["default"][1]:
         config = replicate.arm_config("default", "rltldr", seed, {"pretrain.cache_dir": str(tmp_path)})
         path = shipped_dir(config)
-        assert path is not None, f"no base policy for seed {seed} in {SHIPPED_DIR} (listed: {os.listdir(SHIPPED_DIR)}): rebuild them"
+        assert path is not None, (
+            f"no base policy for seed {seed} in {SHIPPED_DIR} (listed: {os.listdir(SHIPPED_DIR)}): rebuild them"
+        )
         assert pretrain(config) == path == base_policy(config)  # used as is: nothing pretrained into the cache
         assert os.listdir(tmp_path) == []
         with open(os.path.join(path, "pretrain.json"), encoding="utf-8") as f:
             record = json.load(f)
         assert record["key"] == pretrain_key(config) and record["seed"] == seed
-        assert record["pretrain"]["steps"] == config.pretrain.steps and record["nll_curve"][-1][0] == config.pretrain.steps
+        assert (
+            record["pretrain"]["steps"] == config.pretrain.steps and record["nll_curve"][-1][0] == config.pretrain.steps
+        )
         assert replicate.arm_config("quick", "grpo", seed).model.preset == config.model.preset
         assert shipped_dir(replicate.arm_config("quick", "grpo", seed, {"pretrain.cache_dir": str(tmp_path)})) == path
     config.pretrain.shipped = False

@@ -9,10 +9,17 @@ from rltldr_jax.train.report import MetricsLog, eval_line, phase_line, run_summa
 
 NAN, INF = float("nan"), float("inf")
 PHASE = {
-    "rollout/pass@1/no_insight": 0.125, "rollout/pass@1/insight": NAN, "rollout/counts/env_steps": 412.0,
-    "insight/written": 6.0, "update/sft_nll": 4.2104, "update/loss": INF, "update/optimizer_steps": 4.0,
-    "update/skipped_nonfinite": 0.0, "time/collect_s": 12.34, "time/update_s": 4.51,
-}  # fmt: skip
+    "rollout/pass@1/no_insight": 0.125,
+    "rollout/pass@1/insight": NAN,
+    "rollout/counts/env_steps": 412.0,
+    "insight/written": 6.0,
+    "update/sft_nll": 4.2104,
+    "update/loss": INF,
+    "update/optimizer_steps": 4.0,
+    "update/skipped_nonfinite": 0.0,
+    "time/collect_s": 12.34,
+    "time/update_s": 4.51,
+}
 
 
 def test_phase_line_is_short_and_shows_nonfinite_values():
@@ -42,7 +49,11 @@ def test_metrics_jsonl_records_every_metric_and_drops_redone_phases(tmp_path):
     with open(path, "a") as f:
         f.write('{"kind": "phase", "phase": 3, "env_st')  # a line cut short by a kill
     records = [json.loads(line) for line in open(path).read().splitlines()[:3]]
-    assert [(r["kind"], r["phase"], r["env_steps"]) for r in records] == [("phase", 1, 412), ("phase", 2, 800), ("eval", 2, 800)]
+    assert [(r["kind"], r["phase"], r["env_steps"]) for r in records] == [
+        ("phase", 1, 412),
+        ("phase", 2, 800),
+        ("eval", 2, 800),
+    ]
     assert set(PHASE) <= set(records[0])
     assert records[0]["rollout/pass@1/insight"] is None and records[0]["update/loss"] is None  # NaN/inf: JSON null
     assert records[0]["rollout/pass@1/no_insight"] == 0.125
@@ -52,9 +63,14 @@ def test_metrics_jsonl_records_every_metric_and_drops_redone_phases(tmp_path):
 
 
 def test_run_summary_names_the_outputs_and_next_commands():
-    text = run_summary("/runs/sapi tiny", launch_dir="launch", config_args=["--config=configs/sapi.py:tiny", "--config.seed=1"])
+    text = run_summary(
+        "/runs/sapi tiny", launch_dir="launch", config_args=["--config=configs/sapi.py:tiny", "--config.seed=1"]
+    )
     assert "outputs in /runs/sapi tiny:" in text and "/runs/sapi tiny/metrics.jsonl" in text
     assert "tensorboard --logdir '/runs/sapi tiny/tb'" in text
-    assert "python launch/eval.py --config=configs/sapi.py:tiny --config.seed=1 '--checkpoint=/runs/sapi tiny/checkpoints'" in text
+    assert (
+        "python launch/eval.py --config=configs/sapi.py:tiny --config.seed=1 '--checkpoint=/runs/sapi tiny/checkpoints'"
+        in text
+    )
     assert "python launch/analyze_rollouts.py '--run=/runs/sapi tiny'" in text
     assert "rollouts" not in run_summary("/r", launch_dir="launch", config_args=[], rollouts=False)

@@ -47,7 +47,9 @@ def _touch(path) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("part", ["checkpoints/3/x", "rollouts/phase_00000.jsonl", "tb/by_time/events.out.tfevents.1.h"])
+@pytest.mark.parametrize(
+    "part", ["checkpoints/3/x", "rollouts/phase_00000.jsonl", "tb/by_time/events.out.tfevents.1.h"]
+)
 def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
     workdir = str(tmp_path / "run")
     _touch(os.path.join(workdir, part))
@@ -71,12 +73,14 @@ def test_one_process_per_workdir(tmp_path):
     """The workdir lock refuses a second holder (naming the first's pid) and is free once the holder closes or dies."""
     workdir = str(tmp_path / "run")
     held = lock_workdir(workdir)
-    with pytest.raises(WorkdirInUseError, match=rf"^{re.escape(workdir)} is in use by another process \(pid {os.getpid()}\)"):
+    with pytest.raises(
+        WorkdirInUseError, match=rf"^{re.escape(workdir)} is in use by another process \(pid {os.getpid()}\)"
+    ):
         lock_workdir(workdir)
     held.close()
     lock_workdir(workdir).close()
     # A process that holds it and is killed leaves no stale lock.
-    code = f"from rltldr_jax.train.resume import lock_workdir; held = lock_workdir({workdir!r}); print('held', flush=True); input()"
+    code = f"from rltldr_jax.train.resume import lock_workdir; held = lock_workdir({workdir!r}); print('held', flush=True); input()"  # noqa: E501
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
@@ -98,7 +102,11 @@ def test_leftovers_are_moved_aside(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
         target = move_aside(workdir, stale, "resume from phase 2")
     assert sorted(os.listdir(os.path.join(target, "rollouts"))) == ["phase_00002.jsonl", "phase_00003.jsonl"]
-    assert sorted(os.listdir(os.path.join(workdir, "rollouts"))) == ["notes.jsonl", "phase_00000.jsonl", "phase_00001.jsonl"]
+    assert sorted(os.listdir(os.path.join(workdir, "rollouts"))) == [
+        "notes.jsonl",
+        "phase_00000.jsonl",
+        "phase_00001.jsonl",
+    ]
     assert "resume from phase 2: moved rollouts/phase_00002.jsonl, rollouts/phase_00003.jsonl to" in caplog.text
     assert move_aside(workdir, [], "nothing") is None
 
@@ -109,7 +117,11 @@ def test_config_changes_on_resume_are_logged_and_refused(caplog):
     base.override(current, {"loss.lam": 0.1, "optim.learning_rate": 1e-3, "eval.num_tasks": 3, "engine.max_batch": 4})
     saved["loss"]["retired_key"] = 1  # a key the code no longer has: logged, not refused
     changes = {k: (o, n) for k, o, n in config_changes(saved, current.to_dict())}
-    assert changes["loss.lam"] == (0.5, 0.1) and changes["train.max_phases"] == (1, 5) and changes["eval.num_tasks"] == (1, 3)
+    assert (
+        changes["loss.lam"] == (0.5, 0.1)
+        and changes["train.max_phases"] == (1, 5)
+        and changes["eval.num_tasks"] == (1, 3)
+    )
     assert len(changes) == 6
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"), pytest.raises(ConfigChangeError) as e:
         check_config_changes(saved, current.to_dict(), allow=False, step=4)
@@ -117,8 +129,12 @@ def test_config_changes_on_resume_are_logged_and_refused(caplog):
         "resuming checkpoint step 4 with a changed config would change what the run trains (loss.lam: 0.5 -> 0.1; "
         "optim.learning_rate: 0.0001 -> 0.001): resume with the checkpoint's values, pass --allow_config_change"
     )
-    for line in ("config loss.lam changed: 0.5 -> 0.1", "config train.max_phases changed: 1 -> 5",
-                 "config engine.max_batch changed: 8 -> 4", "config loss.retired_key changed: 1 -> (no such key)"):  # fmt: skip
+    for line in (
+        "config loss.lam changed: 0.5 -> 0.1",
+        "config train.max_phases changed: 1 -> 5",
+        "config engine.max_batch changed: 8 -> 4",
+        "config loss.retired_key changed: 1 -> (no such key)",
+    ):
         assert line in caplog.text
     check_config_changes(saved, current.to_dict(), allow=True, step=4)  # --allow_config_change
     base.override(current, {"loss.lam": 0.5, "optim.learning_rate": 1e-4})
@@ -167,14 +183,18 @@ def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
         resumed = Trainer(_config(workdir, 1), resume=True)
     try:
-        with pytest.raises(WorkdirInUseError, match=r"is in use by another process"):  # refused before anything is built
+        with pytest.raises(
+            WorkdirInUseError, match=r"is in use by another process"
+        ):  # refused before anything is built
             Trainer(_config(workdir, 1), resume=True)
         assert "checkpoint step 1 in" in caplog.text and "falling back to step 0" in caplog.text
         assert (resumed.phase, resumed.env_steps, resumed.version) == (0, 0, 0)
         [discarded] = [d for d in os.listdir(workdir) if d.startswith("discarded-")]
         assert os.listdir(os.path.join(workdir, discarded, "checkpoints")) == ["1"]
         assert os.listdir(os.path.join(workdir, discarded, "rollouts")) == ["phase_00000.jsonl"]
-        assert os.listdir(os.path.join(workdir, "rollouts")) == [] and os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]
+        assert os.listdir(os.path.join(workdir, "rollouts")) == [] and os.listdir(
+            os.path.join(workdir, "checkpoints")
+        ) == ["0"]
         # The redone phase's checkpoint save fails (a full disk): the next phase stops before collecting anything.
         with monkeypatch.context() as m:
             _failing_writes(m)
@@ -219,19 +239,32 @@ def test_train_launcher_with_relative_paths_from_any_directory(tmp_path):
     cwd.mkdir()
     config = os.path.relpath(os.path.join(ROOT, "configs", "sapi.py"), cwd) + ":tiny"
     overrides = [
-        "--config.workdir=runs/rel", "--config.rollout.tasks_per_phase=1", "--config.rollout.group_size=2",
-        "--config.rollout.exact_group_size=True", "--config.rollout.max_steps=2", "--config.rollout.max_think_tokens=4",
-        "--config.rollout.max_action_tokens=8", "--config.batch.ppo_epochs=1", "--config.eval.num_tasks=1",
+        "--config.workdir=runs/rel",
+        "--config.rollout.tasks_per_phase=1",
+        "--config.rollout.group_size=2",
+        "--config.rollout.exact_group_size=True",
+        "--config.rollout.max_steps=2",
+        "--config.rollout.max_think_tokens=4",
+        "--config.rollout.max_action_tokens=8",
+        "--config.batch.ppo_epochs=1",
+        "--config.eval.num_tasks=1",
         "--config.eval.attempts_per_task=1",
-    ]  # fmt: skip
+    ]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     cache = os.environ.get("RLTLDR_TEST_XLA_CACHE", os.path.join(ROOT, ".pytest_cache", "xla"))
     env |= {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
     script = os.path.relpath(os.path.join(ROOT, "launch", "train.py"), cwd)
     runs = []
     for extra in (["--config.train.max_phases=1"], ["--config.train.max_phases=2", "--resume"]):
-        out = subprocess.run([sys.executable, script, f"--config={config}", *overrides, *extra], cwd=cwd, env=env,
-                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, script, f"--config={config}", *overrides, *extra],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         runs.append(out)
     checkpoints = cwd / "runs" / "rel" / "checkpoints"

@@ -87,7 +87,7 @@ def test_network_is_blocked(sandbox):
 
 def test_fork_bomb_and_subprocess_are_blocked(sandbox):
     obs = sandbox.run("import os\nwhile True:\n    os.fork()")
-    assert 'line 3, in <module>\n    os.fork()\nPermissionError: starting processes (os.fork) is not allowed' in obs
+    assert "line 3, in <module>\n    os.fork()\nPermissionError: starting processes (os.fork) is not allowed" in obs
     assert "PermissionError" in sandbox.run("import os\nos.system('touch /tmp/x')")
     assert "PermissionError: importing _posixsubprocess" in sandbox.run("import subprocess")
     assert "PermissionError" in sandbox.run("import ctypes")
@@ -123,7 +123,9 @@ def test_cpu_limit():
 
 
 def test_writing_to_the_control_pipe_restarts(sandbox):
-    code = "import sys, json, os\nfd = json.loads(sys.argv[1])['msg_fd']\nos.write(fd, (5).to_bytes(4, 'big') + b'Jnull')"
+    code = (
+        "import sys, json, os\nfd = json.loads(sys.argv[1])['msg_fd']\nos.write(fd, (5).to_bytes(4, 'big') + b'Jnull')"
+    )
     obs = sandbox.run(code)
     assert obs == f"The Python process broke the sandbox's control protocol (it wrote to the control pipe); {RESTARTED}"
     obs = sandbox.run("import sys, json, os\nos.write(json.loads(sys.argv[1])['msg_fd'], b'\\xff' * 8)")
@@ -156,7 +158,9 @@ def test_writes_outside_the_sandbox_are_blocked(sandbox):
         obs = sandbox.run("open('/proc/1/environ').read()")
         assert "PermissionError: reading '/proc/1/environ' is not allowed" in obs
         # inside the working directory everything works, including fd-relative removal (shutil.rmtree)
-        code = "import os, shutil\nos.makedirs('a/b')\nopen('a/b/f.txt', 'w').write('hi')\nprint(open('a/b/f.txt').read())"
+        code = (
+            "import os, shutil\nos.makedirs('a/b')\nopen('a/b/f.txt', 'w').write('hi')\nprint(open('a/b/f.txt').read())"
+        )
         assert sandbox.run(code) == "hi\n"
         assert (Path(sandbox.workdir) / "a/b/f.txt").read_text() == "hi"
         assert sandbox.run("shutil.rmtree('a')\nprint(os.path.exists('a'))") == "False\n"
@@ -226,7 +230,10 @@ def test_api_handler_round_trip():
             "    apis.spotify.fail(7)\n"
             "ApiError: song 7 does not exist"
         )
-        assert sb.run("try:\n    apis.a.fail(1)\nexcept ApiError as e:\n    print('caught', e)") == "caught song 1 does not exist\n"
+        assert (
+            sb.run("try:\n    apis.a.fail(1)\nexcept ApiError as e:\n    print('caught', e)")
+            == "caught song 1 does not exist\n"
+        )
         obs = sb.run("apis.a.b(object())")
         assert "TypeError: apis.a.b(): arguments must be JSON-serialisable" in obs
         start = time.perf_counter()
@@ -241,8 +248,10 @@ def test_a_deeply_nested_api_frame_is_a_protocol_error_not_an_exception():
     JSON decoder would raise RecursionError; the session restarts instead, with the protocol message."""
     deep = "[" * 5000 + "]" * 5000
     frame = f'J{{"op": "api", "app": "a", "fn": "b", "args": [{deep}], "kwargs": {{}}}}'
-    code = (f"import sys, json, os\nframe = {frame!r}.encode()\n"
-            "os.write(json.loads(sys.argv[1])['msg_fd'], len(frame).to_bytes(4, 'big') + frame)")  # fmt: skip
+    code = (
+        f"import sys, json, os\nframe = {frame!r}.encode()\n"
+        "os.write(json.loads(sys.argv[1])['msg_fd'], len(frame).to_bytes(4, 'big') + frame)"
+    )
     with Sandbox(FAST, api_handler=lambda app, fn, args, kwargs: None) as sb:
         assert "broke the sandbox's control protocol" in sb.run(code)
         assert sb.run("print('ok')") == "ok\n"
@@ -313,7 +322,9 @@ def test_works_for_an_unprivileged_parent(tmp_path):
     python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if _stdlib_readable_by_others(p)), None)
     if python is None or subprocess.run([python, "-c", "import sys; assert sys.version_info >= (3, 9)"]).returncode:
         pytest.skip("no system python3 >= 3.9 that uid 65534 can run")
-    if not _others_can(str(module), stat.S_IROTH) or not _others_can(str(module.with_name("_sandbox_child.py")), stat.S_IROTH):
+    if not _others_can(str(module), stat.S_IROTH) or not _others_can(
+        str(module.with_name("_sandbox_child.py")), stat.S_IROTH
+    ):
         pytest.skip("the repository is not readable by uid 65534")
     script = textwrap.dedent(f"""
         import importlib.util, os, sys

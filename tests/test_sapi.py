@@ -29,6 +29,7 @@ class _InProcessApp:
     def __getattr__(self, fn):
         def call(*args, **kwargs):
             return json.loads(json.dumps(self._world.call(self._app, fn, list(args), kwargs)))
+
         return call
 
 
@@ -64,6 +65,7 @@ def first(sample, name: str) -> Task:
 
 
 # ------------------------------------------------------------------------------------------ surface
+
 
 def test_apps_and_api_counts():
     apps = [a for a in APPS if a not in ("supervisor", "api_docs")]
@@ -134,6 +136,7 @@ def test_strict_validation_messages(sample):
 
 # --------------------------------------------------------------------------------------------- splits
 
+
 def test_splits_are_deterministic_and_fast():
     a, b = generate_tasks("train", seed=0, n=300), generate_tasks("train", seed=0, n=300)
     assert [t.to_json() for t in a] == [t.to_json() for t in b]
@@ -161,6 +164,7 @@ def test_golden_solutions_pass_and_noop_fails(sample):
 
 
 # ------------------------------------------------------------------------- Table 5 failure types
+
 
 def failed(task: Task, code: str):
     v, _ = run_in_process(task, code)
@@ -200,8 +204,9 @@ def test_extra_answer_parameter(sample):
     for name in ("shop_cancel_processing", "recipes_meal_plan"):
         t = first(sample, name)
         v = failed(t, golden_solution(t).replace("complete_task()", "complete_task(answer='done')"))
-        assert v.failures == (("assert apis.supervisor.complete_task was called without an answer, since this task "
-                               "asks no question"),)
+        assert v.failures == (
+            ("assert apis.supervisor.complete_task was called without an answer, since this task asks no question"),
+        )
         assert "got answer='done'" in v.report
     t = first(sample, "notes_count_qa")  # QA: the answer is required
     v = failed(t, golden_solution(t).replace("complete_task(answer=n)", "complete_task()"))
@@ -217,14 +222,20 @@ def test_unsaved_setting(sample):
     assert "saved sort preference" in v.failures[0] and "got saved sort_by='manual'" in v.report and s not in v.report
     t = first(sample, "news_default_section")
     sec = t.spec["params"]["section"]
-    v = failed(t, golden_solution(t).replace(f"apis.news.update_preferences(news_token, default_section={sec!r})",
-                                             f"apis.news.show_feed(news_token, section={sec!r})"))
+    v = failed(
+        t,
+        golden_solution(t).replace(
+            f"apis.news.update_preferences(news_token, default_section={sec!r})",
+            f"apis.news.show_feed(news_token, section={sec!r})",
+        ),
+    )
     assert "default feed section saved" in v.failures[0]
     t = first(sample, "finance_chart_default")
     h = t.spec["params"]["horizon"]
-    view = f"apis.finance.show_chart(finance_token, symbol=apis.finance.show_portfolio(finance_token)[0]['symbol'], horizon={h!r})"
-    v = failed(t, golden_solution(t).replace(
-        f"apis.finance.set_default_chart_horizon(finance_token, horizon={h!r})", view))
+    view = f"apis.finance.show_chart(finance_token, symbol=apis.finance.show_portfolio(finance_token)[0]['symbol'], horizon={h!r})"  # noqa: E501
+    v = failed(
+        t, golden_solution(t).replace(f"apis.finance.set_default_chart_horizon(finance_token, horizon={h!r})", view)
+    )
     assert "default chart horizon saved" in v.failures[0]
 
 
@@ -246,23 +257,29 @@ def test_argument_position(sample):
     assert len(v.failures) == 2 and "saved-for-later list of your account" in v.failures[0]
     assert "no other changes" in v.failures[1] and "shop.guest_saved_for_later: added" in v.report
     with pytest.raises(ApiError, match="first positional argument"):
-        run_in_process(t, golden_solution(t).replace("save_for_later(shop_token, ", "save_for_later(access_token=shop_token, "))
+        run_in_process(
+            t, golden_solution(t).replace("save_for_later(shop_token, ", "save_for_later(access_token=shop_token, ")
+        )
 
 
 def test_collateral_damage_is_reported(sample):
     t = first(sample, "contacts_update_phone")
-    code = golden_solution(t).replace("apis.supervisor.complete_task()",
-                                      "apis.contacts.update_contact(contacts_token, contact_id=c['id'], favorite="
-                                      "not c['favorite'])\napis.supervisor.complete_task()")
+    code = golden_solution(t).replace(
+        "apis.supervisor.complete_task()",
+        "apis.contacts.update_contact(contacts_token, contact_id=c['id'], favorite="
+        "not c['favorite'])\napis.supervisor.complete_task()",
+    )
     v = failed(t, code)
-    assert v.failures == (("assert no other changes were made to the database than the ones the task asks for "
-                           "(no collateral changes)"),)
+    assert v.failures == (
+        ("assert no other changes were made to the database than the ones the task asks for (no collateral changes)"),
+    )
     assert "contacts.contacts: record" in v.report and "favorite:" in v.report
     assert v.report.startswith("──────────── Overall Stats") and "Num Failed Tests : 1" in v.report
     assert ">> Failed Requirement" in v.report
 
 
 # ---------------------------------------------------------------------------------- real sandbox
+
 
 def test_sapi_env_through_sandbox(sample):
     from rltldr_jax.envs.sapi.env import SapiEnv
@@ -272,8 +289,10 @@ def test_sapi_env_through_sandbox(sample):
         for name in ("messages_text_contact", "music_playlist_duration_qa", "trails_bookmark"):
             t = first(sample, name)
             assert env.reset(t) == t.goal
-            r = env.step("print(apis.api_docs.show_api_doc('supervisor', 'complete_task')['signature'])\n"
-                         "apis.supervisor.show_profile(answer=1)")
+            r = env.step(
+                "print(apis.api_docs.show_api_doc('supervisor', 'complete_task')['signature'])\n"
+                "apis.supervisor.show_profile(answer=1)"
+            )
             assert not r.done and "apis.supervisor.complete_task(answer=None)" in r.observation
             assert "Response status code is 422" in r.observation and "Unexpected parameter 'answer'" in r.observation
             r = env.step(golden_solution(t))
@@ -302,10 +321,15 @@ def test_deeply_nested_api_arguments_are_an_observation(sample):
     env = SapiEnv()
     try:
         env.reset(first(sample, "trails_bookmark"))
-        r = env.step("import sys\nsys.setrecursionlimit(20000)\nx = []\nfor _ in range(5000):\n    x = [x]\n"
-                     "apis.api_docs.show_api_descriptions(app_name=x)")  # fmt: skip
+        r = env.step(
+            "import sys\nsys.setrecursionlimit(20000)\nx = []\nfor _ in range(5000):\n    x = [x]\n"
+            "apis.api_docs.show_api_descriptions(app_name=x)"
+        )
         assert not r.done
-        assert "ValueError: apis.api_docs.show_api_descriptions(): arguments nest lists/dicts more than 100 levels deep" in r.observation
+        assert (
+            "ValueError: apis.api_docs.show_api_descriptions(): arguments nest lists/dicts more than 100 levels deep"
+            in r.observation
+        )
         assert env.step("print('still here')").observation == "still here\n"
     finally:
         env.close()

@@ -46,15 +46,21 @@ def test_indivisible_dimensions_stay_whole():
     mesh = jax.sharding.Mesh(devices.reshape(2, 2, 2), sharding.AXES)
     assert sharding.logical_to_spec(("embed", "ffn"), (64, 128), mesh) == jax.sharding.PartitionSpec("fsdp", "tensor")
     assert sharding.logical_to_spec(("embed", "ffn"), (63, 128), mesh) == jax.sharding.PartitionSpec(None, "tensor")
-    assert sharding.logical_to_spec(("batch", "length"), (8, 5), mesh) == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+    assert sharding.logical_to_spec(("batch", "length"), (8, 5), mesh) == jax.sharding.PartitionSpec(
+        ("data", "fsdp"), None
+    )
 
 
 def test_sharded_train_step_matches_single_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tests", "scripts", "sharded_step.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["devices"] == 8
@@ -94,13 +100,17 @@ def test_distributed_plan_from_flags_environment_and_clusters():
     [
         ({"num_processes": 2}, {}, r"missing --coordinator_address \(or JAX_COORDINATOR_ADDRESS\), --process_id"),
         ({"coordinator_address": "h:1"}, {}, r"missing --num_processes \(or JAX_NUM_PROCESSES\), --process_id"),
-        ({"coordinator_address": "h:1", "num_processes": 2, "process_id": 2}, {}, r"--process_id=2 .* must be in \[0, num_processes=2\)"),
+        (
+            {"coordinator_address": "h:1", "num_processes": 2, "process_id": 2},
+            {},
+            r"--process_id=2 .* must be in \[0, num_processes=2\)",
+        ),
         ({}, {"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two' is not an integer"),
         ({"num_processes": 0}, {}, r"--num_processes=0 .*at least one process"),
         ({"mode": "sometimes"}, {}, r"--distributed='sometimes': choose one of auto, on, off"),
         ({"mode": "off", "process_id": 1}, {}, r"--distributed=off runs one process, but --process_id was given"),
     ],
-)  # fmt: skip
+)
 def test_distributed_plan_errors_name_the_fix(kwargs, env, message):
     with pytest.raises(ValueError, match=message):
         sharding.distributed_plan(**kwargs, env=env)
@@ -109,8 +119,14 @@ def test_distributed_plan_errors_name_the_fix(kwargs, env, message):
 def test_single_process_helpers_are_identities(monkeypatch):
     import jax
 
-    for key in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
-                "TPU_WORKER_HOSTNAMES"):  # fmt: skip
+    for key in (
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "SLURM_JOB_ID",
+        "OMPI_MCA_orte_hnp_uri",
+        "TPU_WORKER_HOSTNAMES",
+    ):
         monkeypatch.delenv(key, raising=False)
     assert sharding.initialize_distributed() is False and jax.process_count() == 1
     assert sharding.is_main_process()
@@ -136,16 +152,27 @@ def test_the_engine_stand_in_of_other_processes():
 @pytest.mark.parametrize(
     "argv, env, message",
     [
-        (["launch/train.py", "--config=configs/sapi.py:tiny", "--num_processes=2", "--process_id=0"], {},
-         "error: a multi-process job outside SLURM / Open MPI / Cloud TPU needs all of --coordinator_address"),
-        (["launch/pretrain.py", "--config=configs/replicate.py"],
-         {"JAX_COORDINATOR_ADDRESS": "localhost:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"},
-         "error: launch/pretrain.py runs in one process, but this process is one of a multi-process job"),
+        (
+            ["launch/train.py", "--config=configs/sapi.py:tiny", "--num_processes=2", "--process_id=0"],
+            {},
+            "error: a multi-process job outside SLURM / Open MPI / Cloud TPU needs all of --coordinator_address",
+        ),
+        (
+            ["launch/pretrain.py", "--config=configs/replicate.py"],
+            {"JAX_COORDINATOR_ADDRESS": "localhost:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"},
+            "error: launch/pretrain.py runs in one process, but this process is one of a multi-process job",
+        ),
     ],
-)  # fmt: skip
+)
 def test_launchers_say_what_is_wrong_with_a_job(argv, env, message):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_", "OMPI_", "TPU_WORKER"))}
-    out = subprocess.run([sys.executable, *argv], cwd=ROOT, env=clean | env | {"JAX_PLATFORMS": "cpu"},
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=clean | env | {"JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith(message), out.stderr[-2000:]

@@ -36,7 +36,7 @@ PAPER_INSIGHTS = [
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of each run of True."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return list(zip(edges[::2], edges[1::2]))
+    return list(zip(edges[::2], edges[1::2], strict=False))
 
 
 # --- the tokenizer ------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def test_insight_mask_is_exactly_the_insight_sentences(tokenizer, builder):
     # The SFT context of the first insight ends exactly with the scaffold "Hint on what went wrong: ".
     first = runs[0][0]
     assert tokenizer.decode(ctx.ids[:first]).endswith(
-        "<|im_start|>user\n==> A previous Attempt 1 on this same task FAILED the verifier. <==\nHint on what went wrong: "
+        "<|im_start|>user\n==> A previous Attempt 1 on this same task FAILED the verifier. <==\nHint on what went wrong: "  # noqa: E501
     )
     # Nothing but insight tokens is a target without a sampled step.
     assert not ctx.action_mask.any()
@@ -157,14 +157,21 @@ def _sampled(tokenizer, text: str) -> list[int]:
 
 def test_think_traces_of_earlier_steps_are_dropped(tokenizer, builder):
     step1 = Step(
-        _sampled(tokenizer, "I should look at the notes first.\n</think>\n\n```python\nprint(apis.notes.search())\n```<|im_end|>"),
+        _sampled(
+            tokenizer,
+            "I should look at the notes first.\n</think>\n\n```python\nprint(apis.notes.search())\n```<|im_end|>",
+        ),
         observation="[{'id': 1, 'title': 'Workout plan'}]",
     )
     step2 = Step(
-        _sampled(tokenizer, "Now the playlist.\n</think>\n\n```python\nprint(apis.music.search(query='run'))\n```<|im_end|>"),
+        _sampled(
+            tokenizer, "Now the playlist.\n</think>\n\n```python\nprint(apis.music.search(query='run'))\n```<|im_end|>"
+        ),
         observation="[]",
     )
-    current = _sampled(tokenizer, "Paginate this time.\n</think>\n\n```python\napis.supervisor.complete_task()\n```<|im_end|>")
+    current = _sampled(
+        tokenizer, "Paginate this time.\n</think>\n\n```python\napis.supervisor.complete_task()\n```<|im_end|>"
+    )
     ctx = builder.build(PAPER_TASK_MESSAGE, PAPER_INSIGHTS[:1], [step1, step2], current)
     text = render_context(ctx, tokenizer)
     assert "I should look at the notes first." not in text
@@ -175,7 +182,7 @@ def test_think_traces_of_earlier_steps_are_dropped(tokenizer, builder):
         "<|im_start|>user\n[{'id': 1, 'title': 'Workout plan'}]<|im_end|>\n"
         "<|im_start|>assistant\n```python\nprint(apis.music.search(query='run'))\n```<|im_end|>\n"
         "<|im_start|>user\n[]<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\nPaginate this time.\n</think>\n\n```python\napis.supervisor.complete_task()\n```<|im_end|>"
+        "<|im_start|>assistant\n<think>\nPaginate this time.\n</think>\n\n```python\napis.supervisor.complete_task()\n```<|im_end|>"  # noqa: E501
     )
     # The current step (think + action + <|im_end|>) is exactly the GRPO target.
     assert ctx.ids[ctx.action_mask].tolist() == current
@@ -212,7 +219,10 @@ def test_forced_tokens_are_context_not_targets(tokenizer, builder):
     think = tokenizer.encode("long thinking")
     forced_close = [tokenizer.think_end_id, *tokenizer.encode("\n\n")]
     action = tokenizer.encode("```python\nx=1\n```") + [tokenizer.im_end_id]
-    step = Step((*think, *forced_close, *action), forced=(False,) * len(think) + (True,) * len(forced_close) + (False,) * len(action))
+    step = Step(
+        (*think, *forced_close, *action),
+        forced=(False,) * len(think) + (True,) * len(forced_close) + (False,) * len(action),
+    )
     ctx = builder.build("task", current=step)
     assert ctx.ids[ctx.action_mask].tolist() == think + action
     assert ctx.action_mask.sum() == len(think) + len(action)

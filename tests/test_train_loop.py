@@ -18,14 +18,33 @@ from rltldr_jax.train.loop import Trainer
 #: Every scalar a phase and an evaluation must log (App. D.1's diagnostics: deconfounded metrics, entropy, clip
 #: fractions, engine-vs-trainer gap, SFT NLL and token counts, parse failures, weight-sync time).
 REQUIRED_TAGS = (
-    "rollout/pass@1/all", "rollout/pass@1/no_insight", "rollout/pass@1/insight", "rollout/pass@all/all",
-    "rollout/insight/advantage", "rollout/insight/too_easy_ratio", "rollout/insight/too_hard_ratio",
-    "rollout/counts/env_steps", "rollout/counts/tokens", "rollout/malformed_fraction",
-    "update/entropy", "update/clip_fraction", "update/first_minibatch/clip_fraction", "update/logprob_gap",
-    "update/sft_nll", "update/sft_tokens", "update/grpo_tokens", "update/grad_norm", "update/loss",
-    "insight/parse_failures", "insight/written", "time/weight_sync_s", "time/collect_s", "time/update_s",
-    "eval/pass@1/all", "eval/pass@2/all",
-)  # fmt: skip
+    "rollout/pass@1/all",
+    "rollout/pass@1/no_insight",
+    "rollout/pass@1/insight",
+    "rollout/pass@all/all",
+    "rollout/insight/advantage",
+    "rollout/insight/too_easy_ratio",
+    "rollout/insight/too_hard_ratio",
+    "rollout/counts/env_steps",
+    "rollout/counts/tokens",
+    "rollout/malformed_fraction",
+    "update/entropy",
+    "update/clip_fraction",
+    "update/first_minibatch/clip_fraction",
+    "update/logprob_gap",
+    "update/sft_nll",
+    "update/sft_tokens",
+    "update/grpo_tokens",
+    "update/grad_norm",
+    "update/loss",
+    "insight/parse_failures",
+    "insight/written",
+    "time/weight_sync_s",
+    "time/collect_s",
+    "time/update_s",
+    "eval/pass@1/all",
+    "eval/pass@2/all",
+)
 
 
 def _host(tree) -> list[np.ndarray]:
@@ -57,30 +76,46 @@ def test_tiny_run_updates_logs_and_checkpoints(uninterrupted):
     assert first["update/grpo_tokens"] > 0 and first["filter/kept_attempts"] == 2
     # Sync phases are sampled with the trainer's own weights (train.overlap_phases off).
     assert first["rollout/weight_version_gap/max"] == second["rollout/weight_version_gap/max"] == 0.0
-    assert first["time/phase_s"] >= first["time/collect_s"] + first["time/update_s"] and first["time/prefetch_wait_s"] == 0.0
+    assert (
+        first["time/phase_s"] >= first["time/collect_s"] + first["time/update_s"]
+        and first["time/prefetch_wait_s"] == 0.0
+    )
     # Every action is an environment interaction (the malformed last one too): the x-axis advances.
     assert first["rollout/counts/env_steps"] >= 2
     # Before any update the engine's and the trainer's logprobs agree: ratio 1, nothing clipped.
     assert first["update/first_minibatch/clip_fraction"] == 0.0
-    assert abs(first["update/first_minibatch/importance_ratio"] - 1.0) < 1e-3 and abs(first["update/first_minibatch/logprob_gap"]) < 1e-3
+    assert (
+        abs(first["update/first_minibatch/importance_ratio"] - 1.0) < 1e-3
+        and abs(first["update/first_minibatch/logprob_gap"]) < 1e-3
+    )
     assert evaluation["eval/counts/attempts"] == 2 and evaluation["eval/insight/attempt_fraction"] == 0.0
     checkpoints = os.path.join(workdir, "checkpoints")
     assert sorted(os.listdir(checkpoints)) == ["1", "2"]
     lines = open(os.path.join(workdir, "rollouts", "phase_00000.jsonl")).read().splitlines()
     assert len(lines) == 2 and [len(json.loads(x)["insights"]) for x in lines] == [0, 1]
 
-    runs = {axis: EventAccumulator(os.path.join(workdir, "tb", axis)) for axis in ("", "by_tokens", "by_time")}  # one run per x-axis
+    runs = {
+        axis: EventAccumulator(os.path.join(workdir, "tb", axis)) for axis in ("", "by_tokens", "by_time")
+    }  # one run per x-axis
     tags = {axis: set(run.Reload().Tags()["scalars"]) for axis, run in runs.items()}
-    missing = [t for t in REQUIRED_TAGS if t not in tags[""] or f"by_tokens/{t}" not in tags["by_tokens"] or f"by_time/{t}" not in tags["by_time"]]
+    missing = [
+        t
+        for t in REQUIRED_TAGS
+        if t not in tags[""] or f"by_tokens/{t}" not in tags["by_tokens"] or f"by_time/{t}" not in tags["by_time"]
+    ]
     assert not missing, f"not logged: {missing}"
     # The x-axis is the environment-step count: the phase-2 point sits at both phases' steps.
     events = runs[""]
     steps = [e.step for e in events.Scalars("update/sft_nll")]
     total = first["rollout/counts/env_steps"] + second["rollout/counts/env_steps"]
     assert steps == [first["rollout/counts/env_steps"], total]
-    assert [e.value for e in events.Scalars("update/sft_nll")] == pytest.approx([first["update/sft_nll"], second["update/sft_nll"]])
-    assert [e.step for e in runs["by_tokens"].Scalars("by_tokens/update/sft_nll")] == [first["rollout/counts/tokens"],
-                                                                                         first["rollout/counts/tokens"] + second["rollout/counts/tokens"]]  # fmt: skip
+    assert [e.value for e in events.Scalars("update/sft_nll")] == pytest.approx(
+        [first["update/sft_nll"], second["update/sft_nll"]]
+    )
+    assert [e.step for e in runs["by_tokens"].Scalars("by_tokens/update/sft_nll")] == [
+        first["rollout/counts/tokens"],
+        first["rollout/counts/tokens"] + second["rollout/counts/tokens"],
+    ]
 
 
 def test_resume_continues_exactly(uninterrupted, tmp_path):

@@ -27,19 +27,33 @@ T = 16  # tokens per example
 def model():
     """A 4-layer tiny Qwen 3.5 with a 256-token vocabulary: the real step, compiled in seconds (one per test: the
     step donates its parameter buffers)."""
-    return ModelSpec(dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=4, layer_types=())).build(seed=0)
+    return ModelSpec(
+        dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=4, layer_types=())
+    ).build(seed=0)
 
 
 def _config(max_skips: int = 5, ppo_epochs: int = 1):
     # The examples' sampler logprobs are made up, not sampled: the logprob-gap guard would stop every phase.
-    return tiny_config({"batch.micro_batch_size": 1, "batch.grad_accum_steps": 1, "batch.pad_to_multiple": T,
-                        "batch.ppo_epochs": ppo_epochs, "train.max_nonfinite_skips": max_skips,
-                        "train.max_logprob_gap": 0.0})  # fmt: skip
+    return tiny_config(
+        {
+            "batch.micro_batch_size": 1,
+            "batch.grad_accum_steps": 1,
+            "batch.pad_to_multiple": T,
+            "batch.ppo_epochs": ppo_epochs,
+            "train.max_nonfinite_skips": max_skips,
+            "train.max_logprob_gap": 0.0,
+        }
+    )
 
 
 def _update(model, config) -> ShardedUpdate:
-    return ShardedUpdate(MeshConfig.from_config(config), model, make_optimizer(1e-3), LossConfig(lam=0.5),
-                         micro_batch_size=config.batch.micro_batch_size)  # fmt: skip
+    return ShardedUpdate(
+        MeshConfig.from_config(config),
+        model,
+        make_optimizer(1e-3),
+        LossConfig(lam=0.5),
+        micro_batch_size=config.batch.micro_batch_size,
+    )
 
 
 def _example(advantage: float = 1.0, old_logprob_at_8: float = -2.0) -> Example:
@@ -47,9 +61,16 @@ def _example(advantage: float = 1.0, old_logprob_at_8: float = -2.0) -> Example:
     old = np.full(T, -2.0, np.float32)
     old[8] = old_logprob_at_8
     positions = np.arange(T)
-    return Example(ids=(positions * 7 + 3).astype(np.int32) % 256, old_logprobs=old, action_mask=positions >= 8,
-                   insight_mask=(positions >= 4) & (positions < 8), advantage=advantage, task_id="t", attempt=1,
-                   step=0)  # fmt: skip
+    return Example(
+        ids=(positions * 7 + 3).astype(np.int32) % 256,
+        old_logprobs=old,
+        action_mask=positions >= 8,
+        insight_mask=(positions >= 4) & (positions < 8),
+        advantage=advantage,
+        task_id="t",
+        attempt=1,
+        step=0,
+    )
 
 
 def _host(tree) -> list[np.ndarray]:
@@ -93,7 +114,9 @@ def test_consecutive_skips_stop_the_update(model):
     update = _update(model, config)
     params = _host(update.params)
     guard = NonFiniteGuard(config.train.max_nonfinite_skips)
-    with pytest.raises(NonFiniteError, match=r"2 optimizer steps in a row had a non-finite loss.*phase 4, optimizer step 2"):
+    with pytest.raises(
+        NonFiniteError, match=r"2 optimizer steps in a row had a non-finite loss.*phase 4, optimizer step 2"
+    ):
         update_phase(update, [_example(advantage=np.inf)], UpdateConfig.from_config(config), phase=3, guard=guard)
     assert guard.total == 2
     for before, after in zip(params, _host(update.params), strict=True):
@@ -124,4 +147,6 @@ def test_grad_clip_norm_zero_means_no_clipping():
     for clip, step in ((0.0, 10 / 11), (1.0, 0.5)):
         tx = make_optimizer(1.0, eps=1.0, grad_clip_norm=clip)
         updates, _ = tx.update(grads, tx.init(params), params)
-        np.testing.assert_allclose(optax.apply_updates(params, updates)["w"], [-step], rtol=1e-4)  # float32 bias correction
+        np.testing.assert_allclose(
+            optax.apply_updates(params, updates)["w"], [-step], rtol=1e-4
+        )  # float32 bias correction

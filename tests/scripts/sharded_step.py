@@ -10,20 +10,20 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rltldr_jax import sharding
 from rltldr_jax.models import ModelSpec, get_preset
-import optax
-
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
 
 assert len(jax.devices()) == 8, jax.devices()
 config = dataclasses.replace(get_preset("tiny"), vocab_size=512)
 model = ModelSpec(config, remat=True).build(seed=0)
 graphdef, params = nnx.split(model)
-# Plain SGD, so the update is the (clipped) gradient itself: Adam's 1/sqrt(v) would amplify float noise of tiny gradients.
+# Plain SGD, so the update is the (clipped) gradient itself: Adam's 1/sqrt(v) would amplify float noise of tiny
+# gradients.
 tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
 opt_state = tx.init(params)
 
@@ -48,7 +48,9 @@ ref_logits = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, batch.ids[0
 mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
 p_sh = sharding.param_shardings(params, mesh)
 o_sh = sharding.optimizer_shardings(tx, opt_state, p_sh, mesh)
-b_sh = jax.tree.map(lambda x: NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), *([None] * (x.ndim - 2)))), batch)
+b_sh = jax.tree.map(
+    lambda x: NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), *([None] * (x.ndim - 2)))), batch
+)
 replicated = NamedSharding(mesh, PartitionSpec())
 params_d = jax.device_put(params, p_sh)
 opt_d = jax.device_put(opt_state, o_sh)
@@ -61,14 +63,27 @@ with sharding.activate(mesh):
     )
 
 n_sharded = sum(any(s is not None for s in leaf.sharding.spec) for leaf in jax.tree.leaves(new_params))
-param_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(new_params)))
-print(json.dumps({
-    "devices": len(jax.devices()),
-    "sharded_param_arrays": n_sharded,
-    "param_arrays": len(jax.tree.leaves(new_params)),
-    "logits_max_abs_diff": float(jnp.max(jnp.abs(logits - ref_logits))),
-    "param_update_max_abs_diff": param_diff,
-    "max_param_update": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params))),
-    "metrics_max_rel_diff": max(abs(float(metrics[k]) - float(ref_metrics[k])) / max(abs(float(ref_metrics[k])), 1e-6) for k in ref_metrics),
-    "loss": float(ref_metrics["loss"]),
-}))  # fmt: skip
+param_diff = max(
+    float(jnp.max(jnp.abs(a - b)))
+    for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(new_params), strict=False)
+)
+print(
+    json.dumps(
+        {
+            "devices": len(jax.devices()),
+            "sharded_param_arrays": n_sharded,
+            "param_arrays": len(jax.tree.leaves(new_params)),
+            "logits_max_abs_diff": float(jnp.max(jnp.abs(logits - ref_logits))),
+            "param_update_max_abs_diff": param_diff,
+            "max_param_update": max(
+                float(jnp.max(jnp.abs(a - b)))
+                for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params), strict=False)
+            ),
+            "metrics_max_rel_diff": max(
+                abs(float(metrics[k]) - float(ref_metrics[k])) / max(abs(float(ref_metrics[k])), 1e-6)
+                for k in ref_metrics
+            ),
+            "loss": float(ref_metrics["loss"]),
+        }
+    )
+)
