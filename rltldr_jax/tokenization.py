@@ -295,7 +295,18 @@ def _load_cached(path: str | None) -> Tokenizer:
             f"no tokenizer at {path!r}: expected a checkpoint directory containing tokenizer.json (or the file "
             "itself). Use load_tokenizer() with no path for the built-in Qwen 3.5 tokenizer."
         )
-    return Tokenizer(tokenizers.Tokenizer.from_file(file))
+    try:
+        backend = tokenizers.Tokenizer.from_file(file)
+    except Exception as e:  # noqa: BLE001 — the Rust parser raises a bare Exception: say which file
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"could not read the tokenizer {file!r}: {detail}; it is not a valid HF tokenizers tokenizer.json "
+            "(truncated or corrupt?): copy it again from the checkpoint"
+        ) from None
+    try:
+        return Tokenizer(backend)
+    except ValueError as e:
+        raise ValueError(f"the tokenizer {file!r} is unusable: {e}") from None
 
 
 def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:

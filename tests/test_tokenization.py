@@ -108,6 +108,24 @@ def test_load_from_checkpoint_directory(tokenizer, tmp_path):
         load_tokenizer(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("content", ["{not json", '{"model": {"type": "BPE"}}', ""])
+def test_garbage_tokenizer_json_names_the_file(tmp_path, content):
+    """A corrupt tokenizer.json is one ValueError naming the file, not a bare parser exception."""
+    (tmp_path / "tokenizer.json").write_text(content)
+    with pytest.raises(ValueError, match=r"could not read the tokenizer .*tokenizer\.json.*: ") as info:
+        load_tokenizer(tmp_path)
+    assert str(tmp_path / "tokenizer.json") in str(info.value) and "\n" not in str(info.value)
+
+
+def test_tokenizer_without_chat_tokens_names_the_file(tmp_path):
+    import tokenizers
+
+    tokenizers.Tokenizer(tokenizers.models.BPE()).save(str(tmp_path / "tokenizer.json"))  # valid, but no ChatML
+    with pytest.raises(ValueError, match="lacks the chat special tokens") as info:
+        load_tokenizer(tmp_path)
+    assert str(tmp_path / "tokenizer.json") in str(info.value)
+
+
 # --- contexts -----------------------------------------------------------------------------------------
 
 
