@@ -6,6 +6,8 @@
     python benchmarks/device.py --only train,decode  # a subset of: parity, attention, train, decode
 
 Random weights from the model presets (`qwen3_5_0_8b`, `qwen3_5_2b`), random token ids, no tokenizer, no network.
+Compiled programs are cached for reruns in `$XDG_CACHE_HOME/rltldr_jax/device_xla_cache` (`~/.cache/...`, created
+0700; one other users could write is not used, see `private_cache_dir`).
 Rows of the table, in the order they run (a global time budget, --budget-s, skips what would not fit, saying so):
 
 parity: the `tiny` preset's fp32 logits on the accelerator against the same weights on CPU (jax.devices("cpu") is
@@ -62,6 +64,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -539,6 +542,33 @@ def markdown(rows: Sequence[Row], header: str) -> str:
 SECTIONS = ("parity", "attention", "train", "decode")
 
 
+def private_cache_dir(name: str) -> str | None:
+    """A cache directory only this user can write: `$XDG_CACHE_HOME/rltldr_jax/{name}` (`~/.cache/...` by default),
+    created with mode 0700.
+
+    The XLA cache holds compiled executables that this process loads and runs: one another user can write (a fixed
+    /tmp path they created first, a symlink, a group/world-writable directory) would run their code here. Such a
+    directory is not used: None, with a one-line warning naming it and the fix (the check then runs uncached).
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "rltldr_jax", name)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as e:
+        print(f"warning: not using the cache {path}: {e}", file=sys.stderr)
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else f"owner uid {info.st_uid}, mode {info.st_mode & 0o777:o}"
+        print(
+            f"warning: not using the cache {path}: it must be a directory owned by uid {os.getuid()} with mode 700 "
+            f"(found {kind}); remove it to have it recreated",
+            file=sys.stderr,
+        )
+        return None
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     """Runs the check, prints the table (and writes it with --out); returns its rows."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -554,7 +584,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     plan = Plan.make(args.smoke)
     if not jax.config.jax_compilation_cache_dir:  # a rerun on the same machine skips most compilation
-        jax.config.update("jax_compilation_cache_dir", os.path.join("/tmp", "rltldr_device_xla_cache"))
+        cache = private_cache_dir("device_xla_cache")
+        if cache is not None:
+            jax.config.update("jax_compilation_cache_dir", cache)
     device = jax.devices()[0]
     start = time.perf_counter()
     rows: list[Row] = []

@@ -91,3 +91,48 @@ def test_bad_section_is_refused(device_module, capsys):
     with pytest.raises(SystemExit):
         device_module.main(["--only", "train,speed"])
     assert "--only: unknown section(s) speed; choose from parity, attention, train, decode" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_compilation_cache():
+    """main() sets jax's persistent compilation cache once per process: start unset, restore afterwards."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_xla_cache_is_a_private_per_user_directory(device_module, tmp_path, monkeypatch, no_compilation_cache):
+    """The compiled-executable cache lives under $XDG_CACHE_HOME (not a fixed /tmp path another user can create
+    first and fill with executables this process would run), created 0700."""
+    import jax
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    device_module.main(["--smoke", "--only", "parity", "--budget-s", "3600"])
+    cache = jax.config.jax_compilation_cache_dir
+    assert cache == str(tmp_path / "xdg" / "rltldr_jax" / "device_xla_cache")
+    info = os.stat(cache)
+    assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("problem", ["world_writable", "symlink", "other_owner"])
+def test_xla_cache_others_can_write_is_not_used(device_module, tmp_path, monkeypatch, capsys, problem):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = tmp_path / "xdg" / "rltldr_jax" / "device_xla_cache"
+    path.parent.mkdir(parents=True)
+    if problem == "world_writable":
+        path.mkdir()
+        path.chmod(0o777)
+    elif problem == "symlink":  # to a directory someone else prepared
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        if os.getuid() != 0:
+            pytest.skip("needs root to create a directory owned by another user")
+        path.mkdir(mode=0o700)
+        os.chown(path, 65534, 65534)
+    assert device_module.private_cache_dir("device_xla_cache") is None
+    warning = capsys.readouterr().err
+    assert f"not using the cache {path}" in warning and warning.count("\n") == 1
