@@ -84,13 +84,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
     p.add_argument("--allow_nonfinite", action="store_true", help="serve --model_path even if its weights hold NaN/inf")
     args = p.parse_args(argv)
-    if args.prefix_cache_mb < 0:
-        p.error(f"--prefix_cache_mb must be >= 0 (0 = off), got {args.prefix_cache_mb}")
-    if args.prefill_chunk < 16 or args.prefill_chunk & (args.prefill_chunk - 1):
-        p.error(f"--prefill_chunk must be a power of two >= 16, got {args.prefill_chunk}")
-    if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
-        p.error(f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory")
+    problem = argument_error(args)
+    if problem:  # one line, no usage block: the launchers' convention (launch/common.py)
+        sys.exit(f"error: {problem}")
     return args
+
+
+def argument_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the parsed flags, None if nothing: each would otherwise start a server that cannot work
+    (`--max_batch=0` reports healthy and never answers) or fail later with a traceback."""
+    for flag in ("port", "http_port"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value <= 65535:
+            return f"--{flag} must be in [0, 65535] (0 picks a free port), got {value}"
+    if args.max_batch < 1:
+        return f"--max_batch must be >= 1, got {args.max_batch}"
+    if args.max_len < 2:
+        return f"--max_len must be >= 2 (a prompt token and a new one), got {args.max_len}"
+    if args.weight_version < 0:
+        return f"--weight_version must be >= 0, got {args.weight_version}"
+    if args.prefix_cache_mb < 0:
+        return f"--prefix_cache_mb must be >= 0 (0 = off), got {args.prefix_cache_mb}"
+    if args.prefill_chunk < 16 or args.prefill_chunk & (args.prefill_chunk - 1):
+        return f"--prefill_chunk must be a power of two >= 16, got {args.prefill_chunk}"
+    if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
+        return f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory"
+    return None
 
 
 def build_engine(args: argparse.Namespace):

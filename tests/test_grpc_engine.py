@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import importlib.util
 import os
 import signal
 import subprocess
@@ -311,6 +312,37 @@ def test_a_server_killed_mid_phase_loses_no_request(servers):
         assert client.live_servers == [survivor.grpc] and client.retries >= 1
     assert [r.request_id for r in results] == [q.request_id for q in requests]
     assert all(r.finish_reason == "length" and len(r.token_ids) == 48 for r in results)
+
+
+@pytest.fixture(scope="module")
+def serve_module():
+    """launch/serve.py as a module (its argument checks run without starting a server)."""
+    spec = importlib.util.spec_from_file_location("serve_launcher", os.path.join(ROOT, "launch", "serve.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--max_batch=0", "--max_batch must be >= 1, got 0"),  # was: healthy, and never answered
+        ("--max_batch=-3", "--max_batch must be >= 1, got -3"),
+        ("--max_len=0", "--max_len must be >= 2 (a prompt token and a new one), got 0"),
+        ("--max_len=1", "--max_len must be >= 2 (a prompt token and a new one), got 1"),
+        ("--port=99999", "--port must be in [0, 65535] (0 picks a free port), got 99999"),
+        ("--port=-1", "--port must be in [0, 65535] (0 picks a free port), got -1"),
+        ("--http_port=70000", "--http_port must be in [0, 65535] (0 picks a free port), got 70000"),
+        ("--weight_version=-1", "--weight_version must be >= 0, got -1"),
+        ("--prefill_chunk=24", "--prefill_chunk must be a power of two >= 16, got 24"),
+    ],
+)
+def test_serve_refuses_bad_flags_in_one_line(serve_module, capsys, flag, message):
+    with pytest.raises(SystemExit) as exit_info:
+        serve_module.parse_args(["--preset=tiny", flag])
+    assert exit_info.value.code not in (0, None)
+    assert str(exit_info.value.code) == f"error: {message}"  # sys.exit(text): printed as one line, no usage
+    assert capsys.readouterr().err == ""
 
 
 def test_serve_sglang_commands_and_clear_error_without_sglang():
