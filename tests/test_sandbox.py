@@ -337,6 +337,14 @@ def test_works_for_an_unprivileged_parent(tmp_path):
             print(sb.run("import os\\nos.kill(os.getppid(), 9)").splitlines()[-1])
             print(sb.run("open('/tmp/evil_' + str(os.getpid()), 'w')").splitlines()[-1])
             print(sb.run("x = 5\\nprint(x * 2)").strip())
+        # the laptop case: the trainer's own files, with no audit hook to help (as in a subinterpreter)
+        os.makedirs("ckpt", exist_ok=True)
+        open("ckpt/meta.json", "w").write("good")
+        with sb_mod.Sandbox(sb_mod.SandboxLimits(wall_s=2), audit_hook=False) as sb:
+            print(sb.isolation)
+            print(sb.run("open(" + repr(os.path.abspath("ckpt/meta.json")) + ", 'w').write('pwned')").splitlines()[-1])
+            print(sb.run("import os\\nos.kill(os.getppid(), 0)").splitlines()[-1])
+        print(open("ckpt/meta.json").read())
     """)
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
     os.chmod(tmp_path, 0o777)
@@ -354,3 +362,181 @@ def test_works_for_an_unprivileged_parent(tmp_path):
     assert lines[1].startswith("PermissionError: sending signals to other processes")
     assert lines[2].startswith("PermissionError: writing to '/tmp/evil_")
     assert lines[3] == "10"
+    if "landlock:" in lines[4] and "seccomp" in lines[4]:
+        assert "audit-hook" not in lines[4]
+        assert lines[5].startswith("PermissionError: [Errno 13] Permission denied") and "meta.json" in lines[5]
+        assert lines[6].startswith("PermissionError: [Errno 1] Operation not permitted")
+    assert lines[7] == "good"
+
+
+# ------------------------------------------------------------------------ OS layers (issue: audit-hook bypasses)
+
+SUBINTERPRETER = "_interpreters" if hasattr(__import__("sys"), "_is_gil_enabled") else "_xxsubinterpreters"
+
+
+def _need(sb: Sandbox, *layers: str) -> None:
+    have = " ".join(sb.isolation)
+    missing = [layer for layer in layers if layer not in have]
+    if missing:
+        pytest.skip(f"this kernel/user lacks {missing} (have {sb.isolation})")
+
+
+def test_subinterpreters_and_hook_bypasses_are_refused(sandbox):
+    """A subinterpreter runs without the parent interpreter's audit hook: refused, as are the garbage collector's
+    object walks and other threads' frames (ways to reach the hook's state)."""
+    evil = f"/tmp/evil_{uuid.uuid4().hex}"
+    code = f"import {SUBINTERPRETER} as i\ni.run_string(i.create(), \"open({evil!r}, 'w')\")"
+    assert f"PermissionError: importing {SUBINTERPRETER} is not allowed in the sandbox" in sandbox.run(code)
+    probes = ("import gc\ngc.get_objects()", "import gc\ngc.get_referrers(len)", "import sys\nsys._current_frames()")
+    for probe in probes:
+        assert "is not allowed in the sandbox" in sandbox.run(probe), probe
+    assert "is not allowed" in sandbox.run("import _testcapi")
+    assert not os.path.exists(evil)
+
+
+def test_os_layers_contain_code_without_the_audit_hook(tmp_path):
+    """With no audit hook at all (what a subinterpreter or native code sees), the kernel still refuses: no
+    processes, no signals to others, no sockets, no writes outside the working directory, no reads of the trainer's
+    files (a checkpoint's meta.json here)."""
+    meta = tmp_path / "checkpoints" / "3" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text('{"step": 3}')
+    os.chmod(tmp_path, 0o755)
+    for d in (tmp_path / "checkpoints", meta.parent):
+        os.chmod(d, 0o755)
+    os.chmod(meta, 0o666)  # even a world-writable file of the trainer's stays out of reach
+    evil = f"/tmp/evil_{uuid.uuid4().hex}"
+    with Sandbox(FAST, audit_hook=False) as sb:
+        assert "audit-hook" not in sb.isolation
+        _need(sb, "seccomp")
+        probes = {
+            "os.system": f"import os\nprint(os.system('touch {evil}'))",
+            "posix_spawn": "import os\nos.posix_spawn('/bin/true', ['true'], {})",
+            "fork": "import os\nos.fork()",
+            "subprocess": "import subprocess\nsubprocess.run(['true'])",
+            "kill parent": "import os\nos.kill(os.getppid(), 0)",
+            "kill all": "import os\nos.kill(-1, 0)",
+            "pidfd": "import os, signal\nsignal.pidfd_send_signal(os.open('/proc/%d' % os.getppid(), os.O_RDONLY), 0)",
+            "socket": "import socket\nsocket.socket(socket.AF_UNIX)",
+            "ctypes execve": "import ctypes\nprint(ctypes.CDLL(None).execv(b'/bin/true', None))",
+        }
+        for what, code in probes.items():
+            obs = sb.run(code)
+            assert "PermissionError" in obs or obs.strip() in ("32512", "-1"), (what, obs)
+        _need(sb, "landlock")
+        for what, code in {
+            "write /tmp": f"open({evil!r}, 'w')",
+            "overwrite meta.json": f"open({str(meta)!r}, 'w').write('pwned')",
+            "read meta.json": f"print(open({str(meta)!r}).read())",
+        }.items():
+            obs = sb.run(code)
+            assert "PermissionError" in obs, (what, obs)
+        assert sb.run("open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())") == "ok\n"
+    assert meta.read_text() == '{"step": 3}' and not os.path.exists(evil)
+
+
+def test_concurrent_sandboxes_cannot_reach_each_other():
+    """A sibling's files (by path or through an fd-relative open) and its process (kill, or a pidfd made from its
+    /proc directory) are out of reach, with or without the audit hook."""
+    with Sandbox(FAST) as victim:
+        victim.run("open('secret.txt', 'w').write('s3cret')")
+        pid = victim._res.child.proc.pid
+        for hook in (True, False):
+            with Sandbox(FAST, audit_hook=hook) as attacker:
+                _need(attacker, "seccomp")
+                if victim.uid is None:
+                    _need(attacker, "landlock")
+                reads = [
+                    f"print(open({victim.workdir + '/secret.txt'!r}).read())",
+                    f"import os\nd = os.open({victim.workdir!r}, os.O_RDONLY)\n"
+                    "print(os.read(os.open('secret.txt', os.O_RDONLY, dir_fd=d), 99))",
+                    f"open({victim.workdir + '/planted.txt'!r}, 'w')",
+                ]
+                for code in reads:
+                    obs = attacker.run(code)
+                    assert "s3cret" not in obs and "PermissionError" in obs, (hook, code, obs)
+                for code in [
+                    f"import os\nos.kill({pid}, 9)",
+                    f"import os, signal\nproc = os.open('/proc', os.O_RDONLY)\n"
+                    f"signal.pidfd_send_signal(os.open('{pid}', os.O_RDONLY, dir_fd=proc), 9)",
+                ]:
+                    obs = attacker.run(code)
+                    assert "PermissionError" in obs, (hook, code, obs)
+            assert victim.run("print(open('secret.txt').read())") == "s3cret\n"
+        assert not os.path.exists(os.path.join(victim.workdir, "planted.txt"))
+        assert victim._res.child.proc.pid == pid and victim.restarts == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="own uids need a root trainer")
+@pytest.mark.filterwarnings("ignore:sandbox. agent code is weakly contained")
+def test_each_sandbox_has_its_own_uid_and_close_kills_everything_of_it():
+    """Without seccomp a process can escape the process group (setsid); close() kills every process of the
+    sandbox's own uid, so nothing outlives it."""
+    with Sandbox(FAST) as a, Sandbox(FAST) as b:
+        assert a.uid is not None and b.uid is not None and a.uid != b.uid
+        assert f"uid:{a.uid}" in a.isolation and a.run("import os\nprint(os.getuid())") == f"{a.uid}\n"
+        assert stat.S_IMODE(os.stat(a.workdir).st_mode) == 0o700 and os.stat(a.workdir).st_uid == a.uid
+    sb = Sandbox(FAST, audit_hook=False, confine=False)
+    uid = sb.uid
+    assert sb.run("import os\nprint(os.system('setsid sleep 60 > /dev/null 2>&1 &'))") == "0\n"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not _processes_of(uid):
+        time.sleep(0.05)
+    assert _processes_of(uid), "the escaped process did not start"
+    sb.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _processes_of(uid):
+        time.sleep(0.05)
+    assert _processes_of(uid) == []
+
+
+def _processes_of(uid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+            state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+            if int(uids[0]) == uid and state != "Z":
+                out.append(int(entry))
+    return out
+
+
+def test_a_killed_trainer_leaves_no_sandbox_process_and_its_workdir_is_swept(tmp_path):
+    """SIGKILL of the trainer: its sandbox child dies with it (PR_SET_PDEATHSIG); the working directory it leaves is
+    deleted by the next Sandbox on the host (stale: named after a dead pid)."""
+    script = textwrap.dedent("""
+        import sys, time
+        from rltldr_jax.envs.sandbox import Sandbox, SandboxLimits
+        sb = Sandbox(SandboxLimits(wall_s=30))
+        sb.run("open('x.txt', 'w').write('x')")
+        print(sb._res.child.proc.pid, sb.workdir, flush=True)
+        time.sleep(60)
+    """)
+    trainer = subprocess.Popen(
+        [shutil.which("python") or "python3", "-c", script], stdout=subprocess.PIPE, text=True, cwd=str(tmp_path)
+    )
+    try:
+        child_pid, workdir = trainer.stdout.readline().split()
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child_pid}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child_pid}"), "the sandbox child outlived its killed trainer"
+    assert os.path.isdir(workdir)
+    from rltldr_jax.envs import sandbox as sandbox_module
+
+    alive = Path(os.path.dirname(workdir)) / f"rltldr_sandbox_{os.getpid()}_mine"
+    alive.mkdir()
+    try:
+        sandbox_module._remove_stale_workdirs.cache_clear()
+        with Sandbox(FAST):
+            pass
+        assert not os.path.exists(workdir) and alive.is_dir()
+    finally:
+        shutil.rmtree(alive)

@@ -258,15 +258,20 @@ def _apply_rlimits(cfg: dict) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def _native_isolation(cfg: dict) -> list:
-    """Network namespace, privilege drop and non-dumpable, via libc (before the audit hook forbids ctypes)."""
+def _native_isolation(cfg: dict, stdlib_dir: str) -> list:
+    """The OS layers, via libc, before any agent code (and before the audit hook forbids ctypes): network namespace,
+    privilege drop to the sandbox's own uid, undumpable, death with the parent, Landlock, then seccomp (last: it
+    forbids the unshare/prctl calls the earlier steps make). Returns the names of the layers applied.
+
+    Raises when a layer that the parent asked for fails after the kernel showed it has it (a half-confined child
+    never runs agent code); layers the kernel lacks are skipped and left out of the returned names."""
     layers = []
     is_root = os.geteuid() == 0
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-    except Exception:  # no ctypes in this interpreter: no namespace, no prctl
+    except Exception:  # no ctypes in this interpreter: no namespace, no prctl, no Landlock, no seccomp
         libc = None
     if libc is not None and cfg.get("netns", True):
         clone_newnet, clone_newuser = 0x40000000, 0x10000000
@@ -281,6 +286,17 @@ def _native_isolation(cfg: dict) -> list:
         layers.append(f"uid:{uid}")
     if libc is not None:
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no core dumps, no ptrace by same-uid processes
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL (after setuid, which clears it): die with the trainer
+        if os.getppid() != cfg["parent_pid"]:  # the trainer died before the line above
+            os._exit(0)
+        confine = {"__name__": "_sandbox_confine"}
+        exec(compile(cfg["confine_source"], "<sandbox-confine>", "exec"), confine)
+        if cfg.get("landlock", True):
+            abi = confine["apply_landlock"](libc, cfg["workdir"], confine["read_roots"](stdlib_dir))
+            if abi:
+                layers.append(f"landlock:{abi}")
+        if cfg.get("seccomp", True) and confine["apply_seccomp"](libc, os.getpid()):
+            layers.append("seccomp")
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.") or m == "_ctypes"]:
         del sys.modules[name]
     for module, attr in ((os, "pidfd_open"), (posix, "pidfd_open")):
@@ -430,14 +446,28 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
         "os.setxattr": ((0, -1, True),),
         "os.removexattr": ((0, -1, True),),
     }
+    path_events = tuple(path_events.items())  # immutable: the hook's state must not be changeable in place
+    # Known ways around a Python audit hook: subinterpreters (hooks are per interpreter), reaching the hook's state
+    # through the garbage collector or other threads' frames, and CPython's test modules (raw memory access).
+    # Refused as defence in depth; the OS layers (seccomp, Landlock, own uid) hold without this hook.
+    bypass_events = frozenset(
+        ["cpython.PyInterpreterState_New", "gc.get_objects", "gc.get_referrers", "gc.get_referents"]
+        + ["sys._current_frames", "sys._current_exceptions"]
+    )
     watched = frozenset(
         ["open", "socket.__new__", "os.kill", "os.killpg", "import", "object.__setattr__", "resource.setrlimit"]
         + ["resource.prlimit", "sys.settrace", "sys.setprofile"]
         + list(process_events)
         + list(network_events)
-        + list(path_events)
+        + [event for event, _ in path_events]
+        + list(bypass_events)
     )
-    blocked_imports = frozenset(["_posixsubprocess", "_ctypes", "ctypes"])
+    blocked_imports = frozenset(
+        ["_posixsubprocess", "_ctypes", "ctypes", "_posixshmem", "_xxsubinterpreters", "_interpreters"]
+        + ["_xxinterpchannels", "_interpchannels", "_interpqueues", "_testcapi", "_testinternalcapi", "_testbuffer"]
+        + ["_testmultiphase", "_testsinglephase", "_testimportmultiple", "_testclinic", "_testclinic_limited"]
+        + ["_testlimitedcapi", "_testexternalinspection", "_xxtestfuzz", "_ctypes_test"]
+    )
     protected_attrs = frozenset(["__code__", "__defaults__", "__kwdefaults__"])
     workdir = workdir.rstrip("/")
     inside = workdir + "/"
@@ -451,6 +481,7 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
         _process=process_events,
         _network=network_events,
         _paths=path_events,
+        _bypass=bypass_events,
         _blocked_imports=blocked_imports,
         _protected=protected_attrs,
         _write_flags=write_flags,
@@ -496,8 +527,12 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
                 if first.isdigit() and first != _pid_str:
                     raise _denied(f"reading {path!r}", "other processes cannot be inspected")
             return
-        if event in _paths:
-            for index, dir_index, follow in _paths[event]:
+        if event in _bypass:
+            raise _denied(event, "it would reach around the sandbox's checks")
+        for path_event, specs in _paths:
+            if path_event != event:
+                continue
+            for index, dir_index, follow in specs:
                 path = args[index]
                 dir_fd = args[dir_index] if dir_index >= 0 else None
                 try:
@@ -518,6 +553,8 @@ def _make_hook(workdir: str, pid: int, stdlib_dirs: tuple, cpu_s: float):
         if event == "import":
             name, filename = args[0], args[1]
             if name in _blocked_imports:
+                if name.startswith("_test") or "interp" in name or name == "_xxtestfuzz":
+                    raise _denied(f"importing {name}", "it would run code around the sandbox's checks")
                 raise _denied(f"importing {name}", "it can start processes or load native code")
             if _isinstance(filename, _str) and filename.endswith(".so"):
                 ok = False
@@ -703,12 +740,36 @@ class _Runner:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         return {"op": "done", "error": error, "dropped": self.capture.dropped}
 
+    def call(self, name: str, argument: str) -> dict:
+        """Calls `name(argument)` from the session's globals (a function the preamble defined, e.g. a verifier's
+        server); its string result is sent back as "value". Output is captured as for run()."""
+        self.capture.reset()
+        self.limit_cpu()
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+        value, error = None, None
+        try:
+            value = self.namespace[name](argument)
+            if not isinstance(value, str):
+                error = f"{name}() returned {type(value).__name__}, not str\n"
+                value = None
+        except BaseException as exc:
+            try:
+                error = format_exception(exc, self.sources, all_frames=True)
+            except BaseException:
+                error = f"{type(exc).__name__} (the traceback could not be formatted)\n"
+        finally:
+            self.capture.active = False
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        return {"op": "done", "error": error, "dropped": self.capture.dropped, "value": value}
+
     def serve(self) -> None:
         while True:
             request = self.channel.recv()
             op = request.get("op")
             if op == "run":
                 self.channel.send(self.run(str(request.get("code", "")), bool(request.get("trusted"))))
+            elif op == "call":
+                self.channel.send(self.call(str(request.get("name", "")), str(request.get("argument", ""))))
             elif op == "exit":
                 return
             else:
@@ -725,15 +786,16 @@ def main(config_json: str) -> None:
         stdlib_dirs = tuple({d.rstrip("/") + "/" for p in roots for d in (p, os.path.realpath(p))})
         _apply_rlimits(cfg)
         layers = ["rlimits"]
-        layers += _native_isolation(cfg)
+        layers += _native_isolation(cfg, os.path.dirname(os.__file__))
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         if cfg.get("api"):
             namespace["apis"] = _make_apis(channel)
             namespace["ApiError"] = ApiError
         capture = _Capture(channel, cfg["output_chars"])
         runner = _Runner(channel, capture, namespace, _make_cpu_limiter(cfg["cpu_s"]))
-        sys.addaudithook(_make_hook(workdir, os.getpid(), stdlib_dirs, cfg["cpu_s"]))
-        layers.append("audit-hook")
+        if cfg.get("audit_hook", True):
+            sys.addaudithook(_make_hook(workdir, os.getpid(), stdlib_dirs, cfg["cpu_s"]))
+            layers.append("audit-hook")
     except BaseException as exc:
         channel.send({"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         raise

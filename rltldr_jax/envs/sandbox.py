@@ -8,48 +8,50 @@ anything the agent code does: timeouts, crashes and limit violations restart the
 
 The child is `python -I -S -c <_sandbox_child.py> <config>`: isolated mode, no site-packages (the
 standard library only), an empty environment (PATH, LANG, HOME and TMPDIR only), a private working
-directory (deleted on close), its own session and process group (a kill reaches every descendant), and
+directory (deleted on close), its own session and process group (a kill reaches all it runs), and
 stdin/stdout/stderr on /dev/null; it talks to the parent over two pipes (`pass_fds`). The parent reads
 with `poll` and deadlines, and bounds every frame and the output it keeps.
 
-Isolation layers (each one's gaps are covered by the others; see `Sandbox.isolation` for what is active):
+Isolation layers. Layers 1-4 are enforced by the kernel and hold for native code and subinterpreters too; the
+audit hook (5) only turns common attempts into clear messages. `Sandbox.isolation` names the layers active in
+the current child; a warning is issued once per process when file access or process creation would rest on the
+audit hook alone.
 
-1. Privilege drop (only when the trainer runs as root). The child starts as root, sets its limits and
-   namespace, then setgroups([])/setgid/setuid to nobody (65534); the working directory is chowned to
-   nobody first. The OS then protects the trainer's files and processes (`kill(parent)` fails with EPERM)
-   and RLIMIT_NPROC bounds fork bombs. Gaps: world-writable places (/tmp, /dev/shm) stay writable by
-   nobody; all sandboxes share uid 65534 (they could signal each other, and NPROC counts them together);
-   the interpreter's standard library must be readable by nobody, so when `sys.executable` lives under an
-   unreadable prefix (e.g. /root/.pyenv) a readable system interpreter of a supported version is used, and
-   without one this layer is skipped with a warning.
-2. Network namespace. `unshare(CLONE_NEWNET)` (with CLONE_NEWUSER when not root) via ctypes in the child
-   before any agent code: the child has no network at all, not even loopback. Silently skipped where not
-   permitted (many containers). Gap: filesystem Unix sockets are not network-namespaced (the privilege
-   drop and the audit hook cover them).
-3. Resource limits. RLIMIT_AS (memory_mb; Python usually raises MemoryError), RLIMIT_FSIZE (file_mb per
-   file), RLIMIT_CORE 0 and non-dumpable (no core files, no ptrace by same-uid processes). CPU: the parent
-   reads the child's CPU time from /proc every 0.2 s during a run and restarts it past cpu_s; the child
-   also sets RLIMIT_CPU to (CPU used + cpu_s) before each run, so SIGXCPU ends a background thread that
-   keeps spinning between runs (raising RLIMIT_CPU to no more than that is the one setrlimit the audit
-   hook allows, so a thread that keeps re-arming it, or ignores SIGXCPU, spins until the next run's
-   watchdog or close()). The parent enforces wall_s by killing the process group. The trainer needs no
-   privilege for any of this (containers usually lack CAP_SYS_RESOURCE, so `prlimit` is not used). Gap:
-   the number of files and the total disk use in the working directory are not bounded (only each
-   file's size and the run time).
-4. An audit hook (`sys.addaudithook`, which cannot be removed) installed before any agent code. It raises
+1. Its own identity (only when the trainer runs as root). The child starts as root, sets its limits and
+   namespace, then setgroups([])/setgid/setuid to a uid of its own (`_UID_BASE + 64 * trainer pid + slot`), its
+   working directory (mode 0700) chowned to it first. Sandboxes then cannot read, write or signal the trainer's
+   or each other's files and processes, RLIMIT_NPROC counts each sandbox alone, and close() kills every process
+   of that uid when seccomp is missing (a process that left the group with setsid included). The standard library
+   must be readable by other users, so when `sys.executable` lives under an unreadable prefix (e.g. /root/.pyenv)
+   a readable system interpreter of a supported version is used; without one this layer is skipped with a warning.
+2. seccomp-bpf (x86-64 and AArch64; `_sandbox_confine.seccomp_program`): no new processes (threads only), signals
+   only to itself, no ptrace/pidfds/process_vm_*, no sockets but socketpair, no namespaces, mounts, io_uring, bpf,
+   keyrings or modules.
+3. Landlock (Linux >= 5.13 with Landlock enabled; `_sandbox_confine.apply_landlock`): writes only under the working
+   directory; reads only the standard library and system libraries (site-packages left out), /etc, its own /proc
+   entry and a few devices, so the trainer's checkpoints, rollouts and packages stay unreadable; no execution; no
+   TCP (ABI >= 4); no signals or abstract sockets across Landlock domains (ABI >= 6).
+4. Network namespace and resource limits. `unshare(CLONE_NEWNET)` (with CLONE_NEWUSER when not root): no network
+   at all, not even loopback (skipped where not permitted). RLIMIT_AS (memory_mb; Python usually raises
+   MemoryError), RLIMIT_FSIZE (file_mb per file), RLIMIT_CORE 0, non-dumpable, PR_SET_PDEATHSIG (the child dies
+   with the trainer, even one killed with SIGKILL; the working directories such a trainer leaves are deleted by the
+   next Sandbox on the host). CPU: the parent reads the child's CPU time from /proc every 0.2 s during a run and
+   restarts it past cpu_s; the child also sets RLIMIT_CPU to (CPU used + cpu_s) before each run, so SIGXCPU ends a
+   background thread that keeps spinning between runs. The parent enforces wall_s by killing the process group.
+   The trainer needs no privilege for any of this. Gap: the number of files and the total disk use in the working
+   directory are not bounded (only each file's size and the run time).
+5. An audit hook (`sys.addaudithook`, which cannot be removed) installed before any agent code. It raises
    PermissionError with a clear message for: socket creation (except AF_UNIX socketpairs), connect, bind,
    sendto and DNS lookups; fork/forkpty/exec/spawn/posix_spawn/system/subprocess (importing
    `_posixsubprocess`, hence `subprocess`, is refused too); kill/killpg of any other process; ctypes and
    extension modules outside the standard library; opening files for writing, and
    creating/removing/renaming/linking/chmod/chown/utime, outside the working directory (writing /proc
-   included); reading /proc/<pid> of other processes; setrlimit/prlimit; sys.settrace/setprofile; and
-   replacing a function's __code__/__defaults__ (to protect the hook). Gaps: audit hooks are not a
-   security boundary (PEP 578). Python-level tricks may find ways around it (e.g. `os.open(name,
-   flags, dir_fd=...)` with a relative name is checked against the working directory, not dir_fd; symlink
-   races with threads), and it cannot see native code (none can be loaded: `-S` hides third-party
-   extensions, and ctypes and foreign .so files are refused). It also cannot stop signals sent through
-   pidfds (the functions are deleted from `os`, best effort). Layers 1-3 are the boundary; this layer
-   turns the common cases into clear observations and covers the non-root case as well as it can.
+   included); reading /proc/<pid> of other processes; setrlimit/prlimit; sys.settrace/setprofile; replacing a
+   function's __code__/__defaults__ (to protect the hook); and the known ways around an audit hook:
+   subinterpreters (`_interpreters`, `_xxsubinterpreters`: hooks are per interpreter), gc.get_objects/
+   get_referrers/get_referents and sys._current_frames (reaching the hook's state), CPython's `_test*` modules.
+   Audit hooks are not a security boundary (PEP 578): Python-level tricks may find ways around it, which is why
+   layers 1-4 do not depend on it.
 
 API calls: with `api_handler`, the child's globals hold `apis` (and `ApiError`); `apis.<app>.<fn>(*args,
 **kwargs)` sends JSON `(app, fn, args, kwargs)` to the parent, where `api_handler(app, fn, args, kwargs)`
@@ -82,9 +84,14 @@ from pathlib import Path
 from typing import Any
 
 _CHILD_SOURCE = (Path(__file__).parent / "_sandbox_child.py").read_text()
-_NOBODY = 65534
+_CONFINE_SOURCE = (Path(__file__).parent / "_sandbox_confine.py").read_text()
+#: Sandboxes of a root trainer run as uid (and gid) `_UID_BASE + 64 * trainer_pid + slot`: one identity per live
+#: sandbox, above the ids that accounts and container id maps use, below 2**31 for any pid up to 2**22.
+_UID_BASE = 1_800_000_000
+_UID_SLOTS = 64
+_WORKDIR_PREFIX = "rltldr_sandbox_"
 _MAX_FRAME = 16 << 20  # bytes per message either way (API arguments/results)
-_NPROC = 1024  # RLIMIT_NPROC of the nobody uid (shared by all sandboxes on the host)
+_NPROC = 1024  # RLIMIT_NPROC of a sandbox's own uid (threads count; new processes are refused by seccomp)
 _START_TIMEOUT_S = 20.0
 _WATCHDOG_S = 0.2  # how often the parent checks the child's CPU time during a run
 
@@ -165,7 +172,7 @@ def _child_interpreter(want_drop: bool) -> tuple[str, bool]:
         if _stdlib_readable_by_others(candidate):
             return os.path.realpath(candidate), True
     warnings.warn(
-        f"sandbox: running as root, but no Python interpreter with a standard library readable by uid {_NOBODY} "
+        "sandbox: running as root, but no Python interpreter with a standard library readable by other users "
         f"was found ({own} is under an unreadable directory); sandboxes will NOT drop privileges. Install a "
         "system python3 (e.g. apt-get install python3) or make the interpreter's prefix world-readable.",
         stacklevel=3,
@@ -173,11 +180,104 @@ def _child_interpreter(want_drop: bool) -> tuple[str, bool]:
     return own, False
 
 
+_WEAK_WARNED = False
+
+
+def _warn_if_weak(isolation: tuple[str, ...]) -> None:
+    """Warns once per process when agent code's file access rests on the audit hook alone (no Landlock, no uid of
+    its own) or when it may start processes (no seccomp): the hook is not a security boundary."""
+    global _WEAK_WARNED
+    has = set(isolation)
+    missing = []
+    if not any(x.startswith(("landlock:", "uid:")) for x in has):
+        missing.append("file access is limited only by the Python audit hook (no Landlock; no uid of its own)")
+    if "seccomp" not in has:
+        missing.append("process creation and signals are limited only by the audit hook (no seccomp filter)")
+    if not missing or _WEAK_WARNED:
+        return
+    _WEAK_WARNED = True
+    warnings.warn(
+        "sandbox: agent code is weakly contained here: " + "; ".join(missing) + ". Run on Linux >= 5.13 with "
+        "Landlock enabled (x86-64 or AArch64 for seccomp), or run the trainer as root so that each sandbox gets its "
+        "own uid.",
+        stacklevel=4,
+    )
+
+
 def _workdir_base(drop: bool) -> str | None:
     base = tempfile.gettempdir()
     if not drop or _others_can(base, stat.S_IXOTH):
         return base
     return "/tmp" if _others_can("/tmp", stat.S_IXOTH) else base
+
+
+class _UidPool:
+    """The sandbox uids of this process: a free slot per live sandbox (shared only past `_UID_SLOTS` at once)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._used: dict[int, int] = {}
+        self._warned = False
+
+    def take(self) -> int:
+        with self._lock:
+            free = [slot for slot in range(_UID_SLOTS) if slot not in self._used]
+            if not free and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"sandbox: more than {_UID_SLOTS} sandboxes at once; some now share a uid (Landlock and seccomp "
+                    "still separate them where the kernel has them)",
+                    stacklevel=3,
+                )
+            slot = free[0] if free else min(self._used, key=self._used.__getitem__)
+            self._used[slot] = self._used.get(slot, 0) + 1
+            return _UID_BASE + _UID_SLOTS * os.getpid() + slot
+
+    def give_back(self, uid: int) -> None:
+        slot = uid - _UID_BASE - _UID_SLOTS * os.getpid()
+        with self._lock:
+            if self._used.get(slot, 0) > 1:
+                self._used[slot] -= 1
+            else:
+                self._used.pop(slot, None)
+
+
+_UIDS = _UidPool()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@functools.cache
+def _remove_stale_workdirs(base: str) -> int:
+    """Deletes the working directories that sandboxes of dead trainers left in `base` (a trainer killed with
+    SIGKILL cannot clean up; its sandboxes die with it). Once per process and base; returns how many."""
+    removed = 0
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for name in entries:
+        match = re.fullmatch(_WORKDIR_PREFIX + r"(\d+)_[A-Za-z0-9_]+", name)
+        if match is None or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or (os.geteuid() != 0 and st.st_uid != os.geteuid()):
+            continue
+        _remove_tree(path)
+        removed += not os.path.lexists(path)
+    return removed
 
 
 # ----------------------------------------------------------------------------------------------- the child
@@ -279,21 +379,52 @@ class _Child:
 
 
 class _Resources:
-    """What a Sandbox owns; `cleanup` also runs from a weakref finalizer if close() was never called."""
+    """What a Sandbox owns; `cleanup` also runs from a weakref finalizer if close() was never called.
 
-    def __init__(self, workdir: str):
-        self.workdir = workdir
+    `uid`: the sandbox's own uid (root trainers), or None. `contained`: whether the current child runs under the
+    seccomp filter (it then cannot have started processes, so killing its process group ends everything it ran)."""
+
+    def __init__(self, workdir: str, uid: int | None, python: str):
+        self.workdir, self.uid, self.python = workdir, uid, python
         self.child: _Child | None = None
+        self.contained = False
         self.lock = threading.Lock()  # close() may kill the child while another thread is in run()
 
     def kill_child(self) -> int | None:
         with self.lock:
             child, self.child = self.child, None
-            return child.kill() if child is not None else None
+            if child is None:
+                return None
+            code = child.kill()
+            if not self.contained:
+                self.kill_uid()
+            return code
+
+    def kill_uid(self) -> None:
+        """Kills every process of the sandbox's uid (a process that left the group, e.g. with setsid, included)."""
+        if self.uid is None:
+            return
+        try:
+            subprocess.run(
+                [self.python, "-I", "-S", "-c", "import os, signal\nos.kill(-1, signal.SIGKILL)"],
+                user=self.uid,
+                group=self.uid,
+                extra_groups=[],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
 
     def cleanup(self) -> None:
         self.kill_child()
         _remove_tree(self.workdir)
+        if self.uid is not None:
+            _UIDS.give_back(self.uid)
+            self.uid = None
 
 
 def _remove_tree(path: str) -> None:
@@ -333,12 +464,16 @@ class Sandbox:
         `apis.<app>.<fn>(*args, **kwargs)` call of the agent code; its exceptions become `ApiError` there.
       preamble: trusted code run after each (re)start before any agent code (e.g. helper definitions);
         its errors raise SandboxError here.
+      audit_hook: install the audit hook (default). False only to test that the OS layers hold on their own.
+      confine: apply Landlock and seccomp where the kernel has them (default). False only to test the layers
+        left (own uid, process group and uid-wide kill on close).
 
     Attributes:
       restarts: how many times the child was restarted (timeouts, crashes, limits).
       workdir: the child's private working directory.
-      isolation: the isolation layers active in the current child (e.g. "rlimits", "netns", "uid:65534",
-        "audit-hook").
+      uid: the child's own uid (root trainers), else None.
+      isolation: the isolation layers active in the current child, e.g. ("rlimits", "netns", "uid:1800012345",
+        "landlock:7", "seccomp", "audit-hook").
     """
 
     def __init__(
@@ -347,20 +482,26 @@ class Sandbox:
         *,
         api_handler: Callable[[str, str, list, dict], Any] | None = None,
         preamble: str = "",
+        audit_hook: bool = True,
+        confine: bool = True,
     ):
         self.limits = limits
         self.restarts = 0
         self.isolation: tuple[str, ...] = ()
         self._api_handler = api_handler
         self._preamble = preamble
+        self._audit_hook, self._confine = audit_hook, confine
         self._lock = threading.Lock()
         self._closed = False
         self._python, self._drop = _child_interpreter(os.geteuid() == 0)
-        self.workdir = tempfile.mkdtemp(prefix="rltldr_sandbox_", dir=_workdir_base(self._drop))
-        if self._drop:
-            os.chown(self.workdir, _NOBODY, _NOBODY)
-        self._res = _Resources(self.workdir)
+        base = _workdir_base(self._drop)
+        _remove_stale_workdirs(base)
+        self.uid = _UIDS.take() if self._drop else None
+        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_", dir=base)
+        self._res = _Resources(self.workdir, self.uid, self._python)
         self._finalizer = weakref.finalize(self, self._res.cleanup)
+        if self.uid is not None:
+            os.chown(self.workdir, self.uid, self.uid)
         try:
             self._start()
         except BaseException:
@@ -381,6 +522,38 @@ class Sandbox:
             except BaseException:  # e.g. KeyboardInterrupt or an api_handler BaseException: leave no child mid-run
                 self._res.kill_child()
                 raise
+
+    def call(self, name: str, argument: str, timeout_s: float) -> CallResult:
+        """Calls `name(argument)` in the session, a function that trusted code (the preamble) defined there, and
+        returns its string result; the trusted side of a verifier talks to the agent's session this way.
+
+        The function runs with the agent's code, so its result is only as trustworthy as that code: treat it as the
+        agent's answer, never as a verdict. Output it prints is dropped. Past `timeout_s` seconds (wall or CPU) or
+        when the process dies, the session is restarted (preamble re-run, the agent's variables gone) and the
+        result says so; never raises for what the code does.
+        """
+        with self._lock:
+            if self._closed:
+                raise SandboxError("this sandbox is closed; create a new Sandbox")
+            if self._res.child is None:
+                self._start()
+            try:
+                status, text = self._execute({"op": "call", "name": name, "argument": argument}, timeout_s)
+            except BaseException:
+                self._res.kill_child()
+                raise
+            if status == "ok":
+                if text.error:
+                    return CallResult("error", None, text.error)
+                return CallResult("ok", text.value, "")
+            exit_status = self._res.kill_child()
+            if self._closed:
+                raise SandboxError("the sandbox was closed during call()")
+            limits = dataclasses.replace(self.limits, wall_s=timeout_s, cpu_s=min(timeout_s, self.limits.cpu_s))
+            message = _restart_message(status, exit_status, limits)
+            self.restarts += 1
+            self._start()
+            return CallResult("timeout" if status in ("timeout", "cpu") else "gone", None, message)
 
     def close(self) -> None:
         """Kills the child (and its process group) and deletes the working directory; idempotent.
@@ -414,11 +587,16 @@ class Sandbox:
             "memory_mb": self.limits.memory_mb,
             "file_mb": self.limits.file_mb,
             "output_chars": self.limits.output_chars,
-            "drop_uid": _NOBODY if self._drop else None,
+            "drop_uid": self.uid,
             "cpu_s": self.limits.cpu_s,
             "nproc": _NPROC,
             "api": self._api_handler is not None,
             "netns": True,
+            "landlock": self._confine,
+            "seccomp": self._confine,
+            "audit_hook": self._audit_hook,
+            "parent_pid": os.getpid(),
+            "confine_source": _CONFINE_SOURCE,
         }
         try:
             proc = subprocess.Popen(
@@ -453,22 +631,25 @@ class Sandbox:
             self._res.kill_child()
             raise SandboxError(f"the sandbox child failed to set up its isolation: {msg.get('error', msg)}")
         self.isolation = tuple(str(x) for x in msg.get("isolation", ()))
+        self._res.contained = "seccomp" in self.isolation
+        _warn_if_weak(self.isolation)
         if self._preamble:
-            status, text = self._execute(self._preamble, trusted=True)
+            status, text = self._execute({"op": "run", "code": self._preamble, "trusted": True})
             if status != "ok" or text.error:
                 self._res.kill_child()
                 raise SandboxError(f"the sandbox preamble failed ({status}):\n{text.render(self.limits)}")
 
-    def _execute(self, code: str, trusted: bool) -> tuple[str, _RunText]:
-        """Runs one block; returns (status, text) with status "ok", "timeout", "cpu", "gone" or "protocol"."""
+    def _execute(self, request: dict, timeout_s: float | None = None) -> tuple[str, _RunText]:
+        """Sends one request (run or call); returns (status, text), status "ok", "timeout", "cpu", "gone" or
+        "protocol". `timeout_s` (wall and CPU) defaults to the limits'."""
         child = self._res.child
         assert child is not None
         text = _RunText()
-        deadline = time.monotonic() + self.limits.wall_s
-        watchdog = self._cpu_watchdog(child.proc.pid)
+        deadline = time.monotonic() + (self.limits.wall_s if timeout_s is None else timeout_s)
+        watchdog = self._cpu_watchdog(child.proc.pid, self.limits.cpu_s if timeout_s is None else timeout_s)
         child.next_watch = time.monotonic() + _WATCHDOG_S
         try:
-            child.send({"op": "run", "code": code, "trusted": trusted}, deadline)
+            child.send(request, deadline)
             while True:
                 kind, payload = child.recv(deadline, watchdog)
                 if kind == b"O":
@@ -480,6 +661,8 @@ class Sandbox:
                     child.send(self._call_api(msg), deadline)
                 elif op == "done":
                     text.error = _bounded(msg.get("error"), self.limits.output_chars)
+                    value = msg.get("value")
+                    text.value = value if isinstance(value, str) else None
                     text.dropped += msg.get("dropped", 0) if isinstance(msg.get("dropped"), int) else 0
                     return "ok", text
                 else:
@@ -493,12 +676,12 @@ class Sandbox:
         except _ProtocolError:
             return "protocol", text
 
-    def _cpu_watchdog(self, pid: int) -> Callable[[], None] | None:
-        """A check that raises _CpuExceeded once the child used more than cpu_s CPU seconds since now."""
+    def _cpu_watchdog(self, pid: int, cpu_s: float) -> Callable[[], None] | None:
+        """A check that raises _CpuExceeded once the child used more than `cpu_s` CPU seconds since now."""
         start = _cpu_seconds(pid)
         if start is None:
             return None  # no /proc: RLIMIT_CPU in the child still applies
-        limit = start + self.limits.cpu_s
+        limit = start + cpu_s
 
         def check() -> None:
             used = _cpu_seconds(pid)
@@ -528,7 +711,7 @@ class Sandbox:
 
     def _observe(self, code: str) -> str:
         """Runs agent code; handles timeouts and crashes (restart + message); renders the observation."""
-        status, text = self._execute(code, trusted=False)
+        status, text = self._execute({"op": "run", "code": code, "trusted": False})
         if status == "ok":
             return text.render(self.limits)
         exit_status = self._res.kill_child()
@@ -575,15 +758,33 @@ def _bounded(text: Any, limit: int) -> str | None:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+    """What `Sandbox.call` returned.
+
+    Attributes:
+      status: "ok" (value holds the function's result), "error" (it raised or returned a non-string; message
+        holds the traceback), "timeout" (wall or CPU time ran out) or "gone" (the process died); after "timeout"
+        and "gone" the session was restarted (message says why).
+      value: the returned string (status "ok" only).
+      message: what went wrong ("" for "ok").
+    """
+
+    status: str
+    value: str | None
+    message: str
+
+
 @dataclasses.dataclass
 class _RunText:
-    """The pieces of one run's observation."""
+    """The pieces of one run's observation (and a call's returned value)."""
 
     output: list[str] = dataclasses.field(default_factory=list)
     kept: int = 0
     dropped: int = 0
     error: str | None = None
     tail: str = ""
+    value: str | None = None
 
     def add_output(self, piece: str, limit: int) -> None:
         room = limit - self.kept
