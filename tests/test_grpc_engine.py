@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import importlib.util
+import math
 import os
 import signal
 import subprocess
@@ -190,6 +191,28 @@ def test_bad_request_is_rejected_not_retried(servers):
         with pytest.raises(ValueError, match="prompt ids outside"):
             client.generate_many([GenerationRequest((5, 999), SamplingParams(max_new_tokens=2))])
         assert client.retries == 0
+
+
+NONFINITE = [("temperature", math.nan), ("temperature", math.inf), ("temperature", -math.inf), ("top_p", math.nan)]
+
+
+@pytest.mark.parametrize(("field", "value"), [*NONFINITE, ("top_p", math.inf)])
+def test_nonfinite_sampling_params_are_invalid_argument(servers, field, value):
+    """NaN temperature used to come back as token 0 with NaN logprobs (`nan < 0` is False), inf was accepted."""
+    with grpc.insecure_channel(servers[0].grpc) as channel:
+        stub = pb.Stub(channel)
+        sampling = pb.SamplingParams(max_new_tokens=2, seed=0, **{field: value})
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Generate(pb.GenerateRequest(input_ids=[1, 2], sampling_params=sampling), timeout=60))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in error.value.details() and "finite" in error.value.details()
+        assert stub.HealthCheck(pb.HealthCheckRequest(), timeout=30).healthy  # and the server stays up
+
+
+@pytest.mark.parametrize(("field", "value"), NONFINITE)
+def test_client_refuses_nonfinite_sampling_params(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be .*finite.*, got {value}"):
+        SamplingParams(**{field: value})
 
 
 def test_unreachable_server_is_a_clear_error():

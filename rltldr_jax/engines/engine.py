@@ -9,6 +9,7 @@ weight version produced its last token.
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
 from typing import Any, Literal, Protocol
 
@@ -47,10 +48,11 @@ class SamplingParams:
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # `nan < 0` is False: finiteness first, or NaN would sample token 0 with NaN logprobs.
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a finite number in (0, 1], got {self.top_p}")
         problem = top_k_error(self.top_k)
         if problem:
             raise ValueError(problem)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import threading
 import uuid
@@ -40,6 +41,7 @@ from typing import Any
 
 import grpc
 import jax.numpy as jnp
+from google.protobuf.descriptor import FieldDescriptor
 
 from rltldr_jax.engines import sglang_proto as pb
 from rltldr_jax.engines.engine import GenerationRequest, GenerationResult, SamplingParams
@@ -51,12 +53,20 @@ log = logging.getLogger(__name__)
 
 # SGLang's defaults for fields a request leaves unset (HTTP `SamplingParams`).
 DEFAULT_MAX_NEW_TOKENS = 128
+FLOAT_TYPES = (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
 
 
 def sampling_params(request: Any) -> SamplingParams:
-    """Our SamplingParams from a `GenerateRequest`'s optional fields (unset = SGLang's default)."""
+    """Our SamplingParams from a `GenerateRequest`'s optional fields (unset = SGLang's default).
+
+    Raises ValueError (the RPC's INVALID_ARGUMENT) for any float field of the message that is NaN or infinite: every
+    one, whether or not this server uses it (`nan < 0` is False, so range checks alone would let NaN through).
+    """
     p = request.sampling_params
     has = p.HasField
+    for field in p.DESCRIPTOR.fields:
+        if field.type in FLOAT_TYPES and has(field.name) and not math.isfinite(getattr(p, field.name)):
+            raise ValueError(f"sampling_params.{field.name} must be a finite number, got {getattr(p, field.name)}")
     return SamplingParams(
         temperature=p.temperature if has("temperature") else 1.0,
         top_p=p.top_p if has("top_p") else 1.0,
