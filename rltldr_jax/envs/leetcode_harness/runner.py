@@ -1,45 +1,49 @@
 # ruff: noqa: E401
-"""The test runner that verifies an attempt inside the sandbox: `__lc_harness(plan_json, marker)`.
+"""The judge of a verification: `__lc_harness(plan_json, marker)`, in a process that never runs agent code.
 
-Sandbox payload: `rltldr_jax.envs.leetcode.harness_code` reads this file as text and sends the code after this
-docstring to the sandbox after the agent's code, followed by a call `__lc_harness(<plan JSON>, <marker>)` and
-`del __lc_harness`. It runs in the agent's namespace (its `globals()`), so the solution class or function under
-test is looked up there. It builds a fresh judge namespace from the plan's `judge_src` (fresh copies of the helper
-classes of `nodes.py`), runs every test case under a guard (exceptions, `SystemExit` and prints contained per
-case; a per-case SIGALRM timer and an overall deadline), refuses results that hold objects of agent-defined types
-overriding `__eq__`, and prints exactly one line `<marker> <json>` with the statuses (P passed, F wrong answer,
-E error, T time limit, S not run) and up to `max_details` failure details; `parse_result` in the parent reads it.
+Sandbox payload: `rltldr_jax.envs.leetcode.harness_code` sends the code after this docstring (after `codec`) to the
+judge's session, followed by a call `__lc_harness(<plan JSON>, <marker>)`. The judge builds its namespace from the
+plan's `judge_src` (the problem's helper code, the judge's own helper classes, and per test a check function
+`__lc_check_<k>(result, <params>)`: the test's statements after the one that calls the solution), evaluates each
+test case itself, and asks the solution's session for the answer only: `apis.solution.call(request)` goes to the
+trainer, which relays it to `_lc_serve` in the solution's session (see `server`) and returns
+`{"reply": <the session's JSON>}`, `{"timeout": true}` (the session was stopped and primed again), `{"gone":
+<why>}` (it died; primed again) or `{"late": true}` (the total time is spent). Only the arguments the calling
+statement uses are sent (expected values stay here); the answer comes back as data (`codec`) and is checked here
+by the problem's own assertion helpers, with the types checked too where the answer equals an expected value
+(`True` is not `1`). HumanEval: `check(candidate)` runs here with `candidate` a stub that sends each call's
+arguments to the solution and returns the decoded answer; each `assert` of `check` is its own test case.
+
+It prints exactly one line `<marker> <json>` with the statuses (P passed, F wrong answer, E error, T time limit, S
+not run) and up to `max_details` failure details; `parse_result` in the trainer reads it.
 """
 
 def __lc_harness(__lc_plan_json, __lc_marker):
-    import builtins, collections, decimal, fractions, io, json, signal, sys, time
+    import builtins, json, sys, time
     plan = json.loads(__lc_plan_json)
-    G = globals()
-    here = sys._getframe().f_code.co_filename
     out = sys.stdout
     max_repr, max_details = plan["max_repr"], plan["max_details"]
     deadline = time.monotonic() + plan["total_timeout"]
     statuses, details, setup_error = [], [], None
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
 
-    class TLE(BaseException):
-        pass
+    class SolutionRef:
+        """The class under test as test cases name it (`Solution`); it travels as a reference, not as code."""
 
-    def on_alarm(signum, frame):
-        raise TLE()
+        def __repr__(self):
+            return plan["target"]
 
-    try:
-        signal.signal(signal.SIGALRM, on_alarm)
-        can_alarm = True
-    except Exception:
-        can_alarm = False
+    solution_ref = SolutionRef()
 
-    def arm(seconds):
-        if can_alarm:
-            signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001), 0.1)
+    class Unanswered(Exception):
+        """The solution gave no usable answer: status T (time limit) or E (error)."""
 
-    def disarm():
-        if can_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        def __init__(self, status, message):
+            Exception.__init__(self, message)
+            self.status = status
+
+    class Refused(Exception):
+        """The answer holds a value that cannot be judged (a type the judge does not have)."""
 
     def show(x):
         try:
@@ -57,115 +61,46 @@ def __lc_harness(__lc_plan_json, __lc_marker):
 
     def describe(e):
         text = "%s: %s" % (type(e).__name__, e) if str(e) else type(e).__name__
-        tb, line = e.__traceback__, None
-        while tb is not None:
-            line = tb.tb_lineno if tb.tb_frame.f_code.co_filename not in ("<judge>", here) else None
-            tb = tb.tb_next
-        if line is not None:
-            text += " (line %d of your code)" % line
         return text if len(text) <= max_repr else text[: max_repr - 3] + "..."
 
-    safe_types = {int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset, range,
-                  collections.Counter, collections.defaultdict, collections.OrderedDict, collections.deque,
-                  fractions.Fraction, decimal.Decimal}
-
-    def code_key(c):
-        return (c.co_code, c.co_names, tuple(code_key(k) if hasattr(k, "co_code") else k for k in c.co_consts))
-
-    def methods(t):
-        out = {}
-        for k, v in vars(t).items():
-            f = getattr(v, "__func__", v)
-            if hasattr(f, "__code__"):
-                out[k] = code_key(f.__code__)
-            elif not (isinstance(v, (str, type(None))) or k in ("__dict__", "__weakref__")):
-                out[k] = type(v).__name__
-        return out
-
-    def same_class(t, fresh):
+    def ask(request, timeout):
+        """The solution session's reply (a dict) to one request, via the trainer's relay."""
+        request["timeout"] = timeout
+        relayed = apis.solution.call(json.dumps(request))
+        if relayed.get("late"):
+            raise Unanswered("S", "not run (time limit)")
+        if relayed.get("timeout"):
+            raise Unanswered("T", "time limit exceeded (%.1f s)" % timeout)
+        if "gone" in relayed:
+            raise Unanswered("E", str(relayed["gone"])[:max_repr])
         try:
-            return (methods(t) == methods(fresh) and len(t.__bases__) == len(fresh.__bases__)
-                    and all(b is fb or same_class(b, fb) for b, fb in zip(t.__bases__, fresh.__bases__)))
-        except Exception:
-            return False
+            reply = json.loads(relayed["reply"])
+        except (KeyError, TypeError, ValueError, RecursionError):
+            raise Unanswered("E", "the solution's session sent no readable answer") from None
+        if type(reply) is not dict:
+            raise Unanswered("E", "the solution's session sent no readable answer")
+        if reply.get("timeout") is True:
+            raise Unanswered("T", "time limit exceeded (%.1f s)" % timeout)
+        if "error" in reply:
+            raise Unanswered("E", str(reply["error"])[:max_repr])
+        if "refused" in reply:
+            raise Refused("the result holds a %s object; return plain values" % str(reply["refused"])[:80])
+        return reply
 
-    def plain(t):
-        return all(b is object or (b.__eq__ is object.__eq__ and b.__ne__ is object.__ne__
-                                   and type(b) is type and b.__module__ != "builtins") for b in t.__mro__)
-
-    def forged(x):
-        """The name of a type in x that could fake equality (None when x is plain data)."""
-        stack, seen, budget = [x], set(), 200000
-        while stack and budget > 0:
-            o = stack.pop()
-            if id(o) in seen:
-                continue
-            seen.add(id(o))
-            budget -= 1
-            t = type(o)
-            if t in safe_types:
-                if t in (list, tuple, set, frozenset, collections.deque):
-                    stack.extend(o)
-                elif isinstance(o, dict):
-                    stack.extend(o.keys())
-                    stack.extend(o.values())
-                continue
-            fresh = fresh_classes.get(getattr(t, "__name__", None))
-            if t is fresh or plain(t) or (fresh is not None and same_class(t, fresh)):
-                d = getattr(o, "__dict__", None)
-                if type(d) is dict:
-                    stack.extend(d.values())
-                continue
-            return getattr(t, "__name__", "?")
-        return None
-
-    def run_guarded(fn, args, timeout):
-        """(status, value, exception): status P (returned), E (raised), T (timed out)."""
-        sink = io.StringIO()
-        so, se = sys.stdout, sys.stderr
+    def solve(fn, args, kwargs, timeout):
+        """The solution's answer to `fn(*args, **kwargs)`, decoded into the judge's own types."""
+        reply = ask({"op": "call", "fn": fn, "args": _lc_encode([list(args), kwargs], solution_ref)}, timeout)
         try:
-            try:
-                sys.stdout = sys.stderr = sink
-                arm(timeout)
-                try:
-                    value = fn(*args)
-                finally:
-                    disarm()
-                return "P", value, None
-            except TLE:
-                disarm()
-                return "T", None, None
-            except BaseException as e:
-                disarm()
-                return "E", None, e
-        except TLE:
-            disarm()
-            return "T", None, None
-        finally:
-            sys.stdout, sys.stderr = so, se
+            return _lc_decode(reply.get("value"), classes)
+        except _LcRefused as e:
+            raise Refused("the result holds a %s object; return plain values" % str(e)[:80]) from None
+        except RecursionError:
+            raise Refused("the result nests too deeply to be judged") from None
 
     def record(status, **detail):
         statuses.append(status)
         if status != "P" and len(details) < max_details:
             details.append(dict(detail, i=len(statuses) - 1, s=status))
-
-    judge = {"__name__": "__lc_judge__", "__builtins__": builtins}
-    fresh_classes = {}
-    target = G.get(plan["target"])
-    try:
-        exec(compile(plan["judge_src"], "<judge>", "exec"), judge)
-        fresh_classes = {k: v for k, v in judge.items() if isinstance(v, type)}
-    except BaseException as e:
-        setup_error = "judge setup failed: " + describe(e)
-    if setup_error is None and target is None:
-        setup_error = "`%s` is not defined: your code must define it" % plan["target"]
-
-    class ModuleProxy:
-        def __setattr__(self, name, value):
-            G[name] = value
-
-        def __getattr__(self, name):
-            return G[name]
 
     class Param:
         def __init__(self, *values, **kwargs):
@@ -174,13 +109,23 @@ def __lc_harness(__lc_plan_json, __lc_marker):
     class PytestStub:
         param = Param
 
+    judge = {"__name__": "__lc_judge__", "__builtins__": builtins, "pytest": PytestStub}
+    classes = {}
+    try:
+        exec(compile(plan["judge_src"], "<judge>", "exec"), judge)
+        classes = {k: v for k, v in judge.items() if isinstance(v, type) and not k.startswith("__")}
+        judge[plan["target"]] = judge["Solution"] = solution_ref
+    except BaseException as e:
+        setup_error = "judge setup failed: " + describe(e)
+    if setup_error is None:
+        try:
+            ask({"op": "setup", "target": plan["target"], "src": plan["solution_src"]}, plan["case_timeout"])
+        except (Unanswered, Refused) as e:
+            setup_error = str(e)
+
     if setup_error is None and plan["mode"] == "leetcode":
-        judge[plan["target"]] = target
-        judge["Solution"] = target
-        judge["solution_module"] = ModuleProxy()
-        judge["pytest"] = PytestStub
         for test in plan["tests"]:
-            fn, params = judge[test["fn"]], test["params"]
+            check, params = judge[test["check"]], test["params"]
             for case_src in test["cases"]:
                 if time.monotonic() >= deadline:
                     record("S")
@@ -202,33 +147,47 @@ def __lc_harness(__lc_plan_json, __lc_marker):
                     record("E", input=case_src[:max_repr], error="bad test case: " + describe(e))
                     continue
                 timeout = min(plan["case_timeout"], deadline - time.monotonic())
-                status, value, exc = run_guarded(fn, args, timeout)
-                if status == "T":
-                    record("T", input=shown, expected=expected,
-                           error="time limit exceeded (%.1f s)" % plan["case_timeout"])
-                elif status == "P":
-                    result = value.get("result") if isinstance(value, dict) else None
-                    bad = forged(result)
-                    if bad is None:
-                        record("P")
+                try:
+                    result = solve(test["run"], [named[p] for p in test["run_params"]], {}, timeout)
+                except Unanswered as e:
+                    if e.status == "S":
+                        record("S")
                     else:
-                        record("F", input=shown, got=show(result), expected=expected,
-                               error="the result holds a %s object; return plain values" % bad)
+                        record(e.status, input=shown, expected=expected, error=str(e))
+                    continue
+                except Refused as e:
+                    record("F", input=shown, expected=expected, error=str(e))
+                    continue
+                try:
+                    check(result, **{k: v for k, v in named.items() if k != "result"})
+                except AssertionError:
+                    record("F", input=shown, got=show(result), expected=expected)
+                    continue
+                except BaseException as e:
+                    record("E", input=shown, got=show(result), expected=expected, error=describe(e))
+                    continue
+                why = None
+                for k, v in named.items():
+                    if k.startswith("expected") and k not in test["run_params"] and why is None:
+                        try:
+                            why = _lc_strict_mismatch(result, v) if result == v else None
+                        except BaseException:
+                            why = None
+                if why is None:
+                    record("P")
                 else:
-                    tb, result, has_result = exc.__traceback__, None, False
-                    while tb is not None:
-                        if tb.tb_frame.f_code is fn.__code__ and "result" in tb.tb_frame.f_locals:
-                            result, has_result = tb.tb_frame.f_locals["result"], True
-                        tb = tb.tb_next
-                    if isinstance(exc, AssertionError) and has_result:
-                        record("F", input=shown, got=show(result), expected=expected)
-                    else:
-                        record("E", input=shown, expected=expected, error=describe(exc))
+                    record("F", input=shown, got=show(result), expected=expected, error=why)
 
     if setup_error is None and plan["mode"] == "humaneval":
         n = plan["num_tests"]
         case_status = [None] * n
         case_detail = [None] * n
+
+        def candidate(*args, **kwargs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unanswered("S", "not run (time limit)")
+            return solve(plan["target"], args, kwargs, left)
 
         def case(i, src, left, right, got):
             if case_status[i] not in (None, "P"):
@@ -238,38 +197,40 @@ def __lc_harness(__lc_plan_json, __lc_marker):
                     g = left()
                     e = right()
                     ok = bool(g == e)
-                    bad = forged(g) if ok else None
-                    if bad is not None:
-                        ok = False
                     info = dict(input=src, got=show(g), expected=show(e))
-                    if bad is not None:
-                        info["error"] = "the result holds a %s object; return plain values" % bad
+                    why = _lc_strict_mismatch(g, e) if ok else None
+                    if why is not None:
+                        ok = False
+                        info["error"] = why
                 else:
                     ok = bool(left())
-                    g = got() if got is not None else None
-                    bad = forged(g) if ok else None
-                    if bad is not None:
-                        ok = False
+                    g = got() if got is not None and not ok else None
                     info = dict(input=src, got=show(g) if got is not None else None, expected="the assertion holds")
                 case_status[i] = "P" if ok else "F"
                 if not ok and case_detail[i] is None:
                     case_detail[i] = info
-            except TLE:
-                raise
+            except Unanswered as e:
+                case_status[i] = e.status
+                case_detail[i] = dict(input=src, error=str(e))
+            except Refused as e:
+                case_status[i] = "F"
+                case_detail[i] = dict(input=src, error=str(e))
             except BaseException as e:
                 case_status[i] = "E"
                 case_detail[i] = dict(input=src, error=describe(e))
 
         judge["__lc_case"] = case
-        judge[plan["target"]] = target
-        status, value, exc = run_guarded(judge["check"], (target,), deadline - time.monotonic())
+        judge[plan["target"]] = candidate
+        stopped = None
+        try:
+            judge["check"](candidate)
+        except BaseException as e:
+            stopped = e
         first_missing = True
         for i in range(n):
             if case_status[i] is None:
-                if first_missing and status == "T":
-                    case_status[i], case_detail[i] = "T", dict(error="time limit exceeded (%.1f s in all)" % plan["total_timeout"])
-                elif first_missing and status == "E":
-                    case_status[i], case_detail[i] = "E", dict(error="check() stopped: " + describe(exc))
+                if first_missing and stopped is not None and not isinstance(stopped, Unanswered):
+                    case_status[i], case_detail[i] = "E", dict(error="check() stopped: " + describe(stopped))
                 else:
                     case_status[i] = "S"
                 first_missing = False
