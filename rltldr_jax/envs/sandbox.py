@@ -53,6 +53,10 @@ audit hook alone.
    Audit hooks are not a security boundary (PEP 578): Python-level tricks may find ways around it, which is why
    layers 1-4 do not depend on it.
 
+Trusted calls: `Sandbox.call(name, argument, timeout_s)` calls a function that the preamble defined in the session
+with one string and returns its string result (a verifier's solution side answers its judge this way; see
+`envs/leetcode.py`). The result is the agent's answer, never a verdict: the function runs beside agent code.
+
 API calls: with `api_handler`, the child's globals hold `apis` (and `ApiError`); `apis.<app>.<fn>(*args,
 **kwargs)` sends JSON `(app, fn, args, kwargs)` to the parent, where `api_handler(app, fn, args, kwargs)`
 runs (the world state stays out of the agent's reach) and its JSON-serialisable result is returned. A
