@@ -540,3 +540,19 @@ def test_a_killed_trainer_leaves_no_sandbox_process_and_its_workdir_is_swept(tmp
         assert not os.path.exists(workdir) and alive.is_dir()
     finally:
         shutil.rmtree(alive)
+
+
+def test_call_returns_a_string_and_restarts_after_a_timeout():
+    preamble = "def echo(s):\n    print('dropped')\n    return s.upper()\ndef spin(s):\n    while True:\n        pass\n"
+    with Sandbox(FAST, preamble=preamble) as sb:
+        sb.run("kept = 1")
+        result = sb.call("echo", "abc", 1.0)
+        assert (result.status, result.value, result.message) == ("ok", "ABC", "")
+        assert sb.call("missing", "", 1.0).status == "error" and "KeyError" in sb.call("missing", "", 1.0).message
+        sb.run("def number(s):\n    return 5")
+        assert sb.call("number", "", 1.0).message == "number() returned int, not str\n"
+        start = time.monotonic()
+        result = sb.call("spin", "", 0.5)
+        assert time.monotonic() - start < 3 and result.status == "timeout" and result.value is None
+        assert result.message.startswith("Execution") and RESTARTED in result.message
+        assert sb.restarts == 1 and "NameError" in sb.run("kept") and sb.call("echo", "x", 1.0).value == "X"
