@@ -192,7 +192,12 @@ def get_config() -> ml_collections.ConfigDict:
     # POST /update_weights_from_disk there (SGLang's gRPC update has no version field). launch/serve_sglang.py
     # prints both lists. Empty for kind=grpc (launch/serve.py takes the version over gRPC).
     c.engine.http_servers = ""
-    c.engine.request_timeout_s = 0.0  # per-attempt deadline of one generation request; 0 = none (not in the paper)
+    # Per-attempt deadline (s) of one generation request on a server (kind=sglang | grpc); then it is retried on
+    # another. 1 h leaves room for the longest completions on a loaded server; 0 = none. A stopped or hung server is
+    # found sooner by the client's health checks (every 10 s) and its requests sent elsewhere; a server healthy again
+    # returns to rotation, given the current weights first. Servers started with an API key (launch/serve.py on a
+    # cluster) need it in $RLTLDR_ENGINE_API_KEY where the trainer runs: never in this config (it is saved and logged).
+    c.engine.request_timeout_s = 3600.0
     c.engine.weight_sync_dir = ""  # shared directory for HF-format weight pushes; "" = {workdir}/weights
     c.engine.max_batch = 64  # concurrent sequences of the embedded engine
     # Embedded engine: prefill each request alone, so that tokens and logprobs do not depend on which requests thread

@@ -8,12 +8,18 @@ One process per accelerator host (or per CPU box). The trainer reaches every ser
 weights with `UpdateWeightsFromDisk` into a directory the server can read. The server warms up (compiles
 prefill and decode) before it reports ready; it prints `serving on HOST:PORT` and, with --port_file, writes
 the bound port there. SIGTERM/SIGINT aborts running requests and stops.
+
+A server loads any checkpoint path it can read when asked (`UpdateWeightsFromDisk`), so it binds 127.0.0.1 by
+default. On a cluster, bind every interface with `--host=0.0.0.0` and give the server and the trainer one shared
+key, as SGLang's `--api-key`: `export RLTLDR_ENGINE_API_KEY=...` where each runs (or `--api_key` here, which `ps`
+shows); every RPC without it is refused (UNAUTHENTICATED). The key is never printed or logged.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -23,6 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from configs.base import absolute_path  # noqa: E402
+from rltldr_jax.engines.sglang_proto import API_KEY_ENV  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 
@@ -41,7 +48,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos"
     )
     p.add_argument("--seed", type=int, default=0, help="initialisation seed with --preset")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind: this host only by default; 0.0.0.0 for every interface (clusters: with an API key)",
+    )
+    p.add_argument(
+        "--api_key",
+        "--api-key",
+        default=None,
+        help="shared key every RPC must carry (SGLang's --api-key); default: $RLTLDR_ENGINE_API_KEY, which the "
+        "trainer's client sends (prefer the variable: a flag shows in ps)",
+    )
     p.add_argument("--port", type=int, default=40000, help="gRPC port; 0 picks a free one")
     p.add_argument(
         "--port_file",
@@ -84,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
     p.add_argument("--allow_nonfinite", action="store_true", help="serve --model_path even if its weights hold NaN/inf")
     args = p.parse_args(argv)
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
     problem = argument_error(args)
     if problem:  # one line, no usage block: the launchers' convention (launch/common.py)
         sys.exit(f"error: {problem}")
@@ -101,6 +121,8 @@ def argument_error(args: argparse.Namespace) -> str | None:
         return f"--max_batch must be >= 1, got {args.max_batch}"
     if args.max_len < 2:
         return f"--max_len must be >= 2 (a prompt token and a new one), got {args.max_len}"
+    if args.api_key is not None and not args.api_key.strip():
+        return f"--api_key is empty; give a key or leave it (and {API_KEY_ENV}) unset"
     if args.weight_version < 0:
         return f"--weight_version must be >= 0, got {args.weight_version}"
     if args.prefix_cache_mb < 0:
@@ -110,6 +132,22 @@ def argument_error(args: argparse.Namespace) -> str | None:
     if args.model_path and not os.path.isfile(os.path.join(args.model_path, "config.json")):
         return f"--model_path {args.model_path!r} has no config.json; give an HF checkpoint directory"
     return None
+
+
+def exposure_warning(args: argparse.Namespace) -> str | None:
+    """A warning when the server is reachable from other hosts without an API key, else None."""
+    if args.api_key:
+        return None
+    try:
+        if ipaddress.ip_address(args.host).is_loopback:
+            return None
+    except ValueError:  # a host name
+        if args.host == "localhost":
+            return None
+    return (
+        f"warning: serving on {args.host} without an API key: any host that reaches this port can generate and make "
+        f"this server load weights from any path it can read; set {API_KEY_ENV} here and where the trainer runs"
+    )
 
 
 def build_engine(args: argparse.Namespace):
@@ -168,8 +206,15 @@ async def serve(args: argparse.Namespace) -> None:
     if not args.no_warmup:
         warm_up(engine)
     service = EngineService(
-        engine, model_path=args.model_path or f"preset:{args.preset}", param_dtype=dtype, fingerprint=fingerprint
+        engine,
+        model_path=args.model_path or f"preset:{args.preset}",
+        param_dtype=dtype,
+        fingerprint=fingerprint,
+        api_key=args.api_key,
     )
+    warning = exposure_warning(args)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     server, port = await start_server(service, args.host, args.port)
     loop = asyncio.get_running_loop()
     ports, http = str(port), None
@@ -185,7 +230,7 @@ async def serve(args: argparse.Namespace) -> None:
         with open(tmp, "w") as f:
             f.write(ports)
         os.replace(tmp, args.port_file)  # readers never see a half-written file
-    print(f"serving on {args.host}:{port}", flush=True)
+    print(f"serving on {args.host}:{port}" + (" (API key required)" if args.api_key else ""), flush=True)
     await stop.wait()
     engine.close()  # running requests finish with reason "abort"
     if http is not None:

@@ -16,6 +16,10 @@ needs:
   --skip-tokenizer-init  ids only: the trainer owns tokenization and the chat context
   --weight-version 0     integer version labels from the start; pushes set them through
                          POST /update_weights_from_disk {"weight_version": ...}
+  --api-key KEY          only with $RLTLDR_ENGINE_API_KEY set: SGLang then requires the key (HTTP
+                         `Authorization: Bearer KEY`; the trainer's client sends it from the same variable).
+                         Use it with --host=0.0.0.0: a server loads any checkpoint path it is sent. The dry run
+                         prints *** for the key.
 Once every server answers its gRPC health check, the script prints the two config values to pass to
 launch/train.py (`--config.engine.servers=...` and `--config.engine.http_servers=...`) and keeps running;
 Ctrl-C (or SIGTERM) stops every server. Logs go to --log_dir/server_{i}.log.
@@ -36,6 +40,8 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+# = rltldr_jax.engines.sglang_proto.API_KEY_ENV (a test checks), not imported: that would import jax for --dry_run.
+API_KEY_ENV = "RLTLDR_ENGINE_API_KEY"
 MIN_SGLANG = "0.5.9"  # the first release with Qwen 3.5
 # The native gRPC server (--grpc-port) arrived in 2026 (0.5.23 has it); older releases are refused by probing the flag.
 GRPC_RESPONSE_TIMEOUT_S = 3600  # SGLang's per-chunk default is 300 s: one non-streamed long completion must fit
@@ -51,7 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num_servers", type=int, default=1, help="servers to start; each takes --tp GPUs")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
     p.add_argument("--first_gpu", type=int, default=0, help="index of the first GPU to use")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve other hosts)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (0.0.0.0 to serve other hosts; then set $RLTLDR_ENGINE_API_KEY for an API key)",
+    )
     p.add_argument("--http_port", type=int, default=30000, help="HTTP port of server 0 (server i: +i)")
     p.add_argument("--grpc_port", type=int, default=40000, help="gRPC port of server 0 (server i: +i)")
     p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype")
@@ -104,8 +114,15 @@ def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list
         ]
         if args.context_length:
             argv += ["--context-length", str(args.context_length)]
+        if os.environ.get(API_KEY_ENV):
+            argv += ["--api-key", os.environ[API_KEY_ENV]]
         commands.append(({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, argv + list(args.extra)))
     return commands
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """`argv` with the value of --api-key replaced by ***, for printing."""
+    return ["***" if i > 0 and argv[i - 1] == "--api-key" else arg for i, arg in enumerate(argv)]
 
 
 def addresses(args: argparse.Namespace) -> tuple[str, str]:
@@ -165,7 +182,8 @@ def wait_healthy(
                 sys.exit(f"error: server {i} exited with code {processes[i].returncode}; see {log_files[i]}")
             try:
                 with grpc.insecure_channel(address) as channel:
-                    if pb.Stub(channel).HealthCheck(pb.HealthCheckRequest(), timeout=5).healthy:
+                    stub = pb.Stub(channel, api_key=os.environ.get(API_KEY_ENV) or None)
+                    if stub.HealthCheck(pb.HealthCheckRequest(), timeout=5).healthy:
                         del pending[i]
             except grpc.RpcError:
                 pass
@@ -182,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     grpc_addresses, http_urls = addresses(args)
     if args.dry_run:
         for env, argv_i in commands:
-            print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv_i))
+            print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(redacted(argv_i)))
         print(
             f"--config.engine.kind=sglang --config.engine.servers={grpc_addresses} "
             f"--config.engine.http_servers={http_urls}"

@@ -9,6 +9,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import importlib.util
+import json
+import logging
 import math
 import os
 import signal
@@ -16,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import jax
@@ -23,10 +27,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
 from rltldr_jax.engines import GenerationRequest, SamplingParams
 from rltldr_jax.engines import sglang_proto as pb
-from rltldr_jax.engines.sglang_client import ClientClosedError, NoServerError, SglangClient
-from rltldr_jax.models import ModelSpec, get_preset, save_pretrained, sequence_logprobs
+from rltldr_jax.engines.factory import EngineConfig, policy_engine
+from rltldr_jax.engines.jax_engine import JaxEngine
+from rltldr_jax.engines.server import EngineService, start_http_admin, start_server
+from rltldr_jax.engines.sglang_client import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ClientClosedError,
+    NoServerError,
+    SglangClient,
+)
+from rltldr_jax.models import ModelSpec, get_preset, load_pretrained, save_pretrained, sequence_logprobs
+from rltldr_jax.models.fingerprint import weights_fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
@@ -92,20 +106,31 @@ class Server:
     """A launch/serve.py subprocess on free gRPC and HTTP ports."""
 
     def __init__(self, model_path: str, tmp: str, name: str):
+        self.model_path = model_path
         self.port_file = os.path.join(tmp, f"{name}.port")
         self.log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 — closed in stop()
+        self.grpc = self.http = None
+        self._start(0, 0)
+
+    def _start(self, grpc_port: int, http_port: int) -> None:
         cmd = [
             sys.executable,
             os.path.join(ROOT, "launch", "serve.py"),
-            f"--model_path={model_path}",
-            "--port=0",
-            "--http_port=0",
+            f"--model_path={self.model_path}",
+            f"--port={grpc_port}",
+            f"--http_port={http_port}",
             f"--port_file={self.port_file}",
             "--max_batch=2",
             "--max_len=128",
         ]
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.grpc = self.http = None
+
+    def restart(self) -> None:
+        """Kills the server and starts a new one on the same ports, from the same checkpoint (weight version 0)."""
+        self.process.kill()
+        self.process.wait()
+        os.remove(self.port_file)
+        self._start(int(self.grpc.rsplit(":", 1)[1]), int(self.http.rsplit(":", 1)[1]))
 
     def wait(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -316,6 +341,84 @@ def test_close_ends_requests_in_flight_and_failed_start_leaks_nothing(servers):
         asyncio.run(client.generate(GenerationRequest((1,), SamplingParams(max_new_tokens=1))))
 
 
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_default_request_deadline_is_finite(servers, checkpoints, tmp_path):
+    """engine.request_timeout_s used to default to 0: no deadline, a request on a stopped server waited forever."""
+    _, models = checkpoints
+    config = base.override(base.get_config(), {"engine.kind": "grpc", "engine.servers": servers[0].grpc})
+    settings = EngineConfig.from_config(base.validate(config))
+    assert settings.request_timeout_s == DEFAULT_REQUEST_TIMEOUT_S == 3600
+    client = policy_engine(settings, models["m0"], workdir=str(tmp_path))
+    try:
+        assert client.request_timeout_s == 3600
+    finally:
+        client.close()
+    zero = EngineConfig.from_config(base.validate(base.override(config, {"engine.request_timeout_s": 0.0})))
+    client = policy_engine(zero, models["m0"], workdir=str(tmp_path))
+    try:
+        assert client.request_timeout_s is None  # 0, set explicitly: no deadline (health checks still run)
+    finally:
+        client.close()
+
+
+def test_a_paused_server_is_found_and_returns_to_rotation(servers):
+    """SIGSTOP one server while requests are in flight: the health checks take it out and its requests finish on the
+    other; SIGCONT: it passes the checks, still serves the weights it had, and gets requests again."""
+    victim, survivor = servers
+    requests = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=48, seed=i)) for i, p in enumerate(_prompts(8, seed=5))
+    ]
+
+    async def phase(client):
+        tasks = [asyncio.ensure_future(client.generate(r)) for r in requests]
+        while sum(t.done() for t in tasks) < 1:  # both servers busy, requests in flight on each
+            await asyncio.sleep(0.05)
+        victim.process.send_signal(signal.SIGSTOP)
+        return await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+
+    with SglangClient([s.grpc for s in servers], health_interval_s=0.5, health_timeout_s=2.0) as client:
+        try:
+            results = asyncio.run(phase(client))
+            assert client.live_servers == [survivor.grpc] and client.retries >= 1
+        finally:
+            victim.process.send_signal(signal.SIGCONT)
+        _wait_for(lambda: victim.grpc in client.live_servers, 60, "the resumed server to return")
+        assert client.returns() == {victim.grpc: 1, survivor.grpc: 0}
+        before = client.served_counts()[victim.grpc]
+        more = client.generate_many([GenerationRequest(p, SamplingParams(max_new_tokens=4)) for p in _prompts(6)])
+        assert client.served_counts()[victim.grpc] > before and len(more) == 6
+    assert [r.request_id for r in results] == [q.request_id for q in requests]
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 48 for r in results)
+
+
+def test_a_server_restarted_on_its_port_gets_the_current_weights(servers, checkpoints, tmp_path):
+    """A server killed and started again on the same port (from other weights, at version 0) is found, given the
+    current version's checkpoint, and used again: its completions are the pushed model's."""
+    _, models = checkpoints
+    victim, survivor = servers
+    prompt = _prompts(1, seed=6)[0]
+    with SglangClient(
+        [s.grpc for s in servers], weight_dir=tmp_path, health_interval_s=0.5, health_timeout_s=2.0
+    ) as client:
+        client.update_weights(models["m1"], 300)
+        victim.restart()  # serves m0 as version 0 once up
+        during = client.generate_many([GenerationRequest(p, SamplingParams(max_new_tokens=3)) for p in _prompts(2)])
+        assert {r.weight_version for r in during} == {300}
+        victim.wait()
+        _wait_for(lambda: client.returns()[victim.grpc] == 1, 120, "the restarted server to return")
+        assert client.live_servers == [victim.grpc, survivor.grpc]
+    with SglangClient([victim.grpc], weight_version=300) as direct:  # what the restarted server serves now
+        result = direct.generate_many([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6))])[0]
+    assert result.weight_version == 300
+    np.testing.assert_allclose(result.logprobs, _teacher_forced(models["m1"], prompt, result.token_ids), atol=2e-5)
+
+
 def test_a_server_killed_mid_phase_loses_no_request(servers):
     """Kill one server while requests are in flight: every request completes exactly once on the other."""
     victim, survivor = servers
@@ -368,6 +471,106 @@ def test_serve_refuses_bad_flags_in_one_line(serve_module, capsys, flag, message
     assert capsys.readouterr().err == ""
 
 
+KEY = "s3cret-key-for-tests"
+
+
+@pytest.fixture
+def keyed_server(checkpoints):
+    """An in-process server on m0 (gRPC and HTTP admin, as launch/serve.py runs them) that requires the API key KEY."""
+    tmp, _ = checkpoints
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    model = load_pretrained(str(tmp / "m0"))  # its own copy: pushes must not change the fixture's models
+    engine = JaxEngine(model, max_batch=1, max_len=64)
+    service = EngineService(engine, model_path=str(tmp / "m0"), fingerprint=weights_fingerprint(model), api_key=KEY)
+    server, port = asyncio.run_coroutine_threadsafe(start_server(service), loop).result()
+    http = start_http_admin(service, loop, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{port}", f"http://127.0.0.1:{http.server_address[1]}", service
+    finally:
+        http.shutdown()
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        engine.close()
+
+
+def _post(url: str, body: dict, headers: dict) -> int:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_api_key_is_required_on_every_rpc(keyed_server, checkpoints, monkeypatch, caplog):
+    """UpdateWeightsFromDisk loaded any path the server could read, from any client: with --api_key, every RPC
+    without the key ends UNAUTHENTICATED (and the HTTP update is 401); the client sends the key from the environment,
+    and nothing logs it."""
+    caplog.set_level(logging.DEBUG)
+    address, http, service = keyed_server
+    tmp, _ = checkpoints
+    calls = {
+        "UpdateWeightsFromDisk": pb.UpdateWeightsRequest(model_path=str(tmp / "m1"), weight_version="7"),
+        "HealthCheck": pb.HealthCheckRequest(),
+        "GetModelInfo": pb.GetModelInfoRequest(),
+        "PauseGeneration": pb.PauseGenerationRequest(mode="in_place"),
+        "Abort": pb.AbortRequest(abort_all=True),
+    }
+    generate = pb.GenerateRequest(input_ids=[1, 2], sampling_params=pb.SamplingParams(max_new_tokens=2))
+    with grpc.insecure_channel(address) as channel:
+        for key in (None, "wrong", KEY[:-1]):
+            stub = pb.Stub(channel, api_key=key)
+            for name, request in calls.items():
+                with pytest.raises(grpc.RpcError) as error:
+                    getattr(stub, name)(request, timeout=30)
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+                assert pb.API_KEY_ENV in error.value.details() and KEY not in error.value.details()
+            with pytest.raises(grpc.RpcError) as error:
+                list(stub.Generate(generate, timeout=30))
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert pb.Stub(channel, api_key=KEY).HealthCheck(pb.HealthCheckRequest(), timeout=30).healthy
+    update = {"model_path": str(tmp / "m1"), "weight_version": 7}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        assert _post(f"{http}/update_weights_from_disk", update, headers) == 401
+    assert service.model_path == str(tmp / "m0") and service.engine.weight_version == 0  # nothing was loaded
+    with urllib.request.urlopen(f"{http}/health", timeout=30) as response:  # open, as SGLang's
+        assert response.status == 200
+
+    monkeypatch.delenv(pb.API_KEY_ENV, raising=False)
+    with pytest.raises(NoServerError, match=f"UNAUTHENTICATED.*set {pb.API_KEY_ENV}"):
+        SglangClient([address], connect_timeout_s=10)
+    monkeypatch.setenv(pb.API_KEY_ENV, KEY)
+    with SglangClient([address]) as client:
+        assert (
+            client.generate_many([GenerationRequest((1, 2), SamplingParams(max_new_tokens=2))])[0].weight_version == 0
+        )
+        client.push_weights(tmp / "m1", 7)
+    with SglangClient([address], weight_update="http", http_urls=[http], weight_version=7) as client:
+        client.push_weights(tmp / "m0", 8)
+        assert (
+            client.generate_many([GenerationRequest((1, 2), SamplingParams(max_new_tokens=2))])[0].weight_version == 8
+        )
+    assert service.model_path == str(tmp / "m0") and service.engine.weight_version == 8
+    assert caplog.records and KEY not in caplog.text
+
+
+def test_serve_binds_this_host_by_default_and_takes_the_key(serve_module, monkeypatch):
+    monkeypatch.delenv(pb.API_KEY_ENV, raising=False)
+    args = serve_module.parse_args(["--preset=tiny"])
+    assert args.host == "127.0.0.1" and args.api_key is None and serve_module.exposure_warning(args) is None
+    exposed = serve_module.parse_args(["--preset=tiny", "--host=0.0.0.0"])
+    assert "0.0.0.0 without an API key" in serve_module.exposure_warning(exposed)
+    assert serve_module.parse_args(["--preset=tiny", "--api-key=abc"]).api_key == "abc"  # SGLang's spelling
+    monkeypatch.setenv(pb.API_KEY_ENV, KEY)
+    keyed = serve_module.parse_args(["--preset=tiny", "--host=0.0.0.0"])
+    assert keyed.api_key == KEY and serve_module.exposure_warning(keyed) is None
+    with pytest.raises(SystemExit, match="--api_key is empty"):
+        serve_module.parse_args(["--preset=tiny", "--api_key= "])
+
+
 def test_serve_sglang_commands_and_clear_error_without_sglang():
     script = os.path.join(ROOT, "launch", "serve_sglang.py")
     dry = subprocess.run(
@@ -382,6 +585,18 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
     assert dry[2].endswith(
         "engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001"
     )
+    keyed = subprocess.run(
+        [sys.executable, script, "--model_path=/ckpt/q", "--dry_run"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, pb.API_KEY_ENV: KEY},
+    ).stdout
+    assert "--api-key '***'" in keyed and KEY not in keyed  # SGLang gets the key; the printout hides it
+    spec = importlib.util.spec_from_file_location("serve_sglang_launcher", script)
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    assert launcher.API_KEY_ENV == pb.API_KEY_ENV  # its own copy (it does not import jax for --dry_run)
     real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
     assert real.returncode != 0
     assert "SGLang is not installed" in real.stderr or "no CUDA GPU" in real.stderr

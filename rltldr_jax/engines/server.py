@@ -25,11 +25,19 @@ SGLang server started with `--grpc-port --skip-tokenizer-init`:
   serves its weights instead of pushing them (SGLang reports no fingerprint: the trainer pushes).
 
 Bad requests end with gRPC status INVALID_ARGUMENT and a message naming the problem.
+
+Access: `UpdateWeightsFromDisk` loads any checkpoint path this process can read, so a server is for its trainer
+only. launch/serve.py binds 127.0.0.1 unless told otherwise (`--host=0.0.0.0` on clusters) and takes SGLang's
+`--api-key` convention: with a key (`api_key`), every RPC must carry the metadata `authorization: Bearer KEY`
+(`sglang_proto.auth_metadata`; the client sends it from `$RLTLDR_ENGINE_API_KEY`) or it ends UNAUTHENTICATED, and
+the HTTP `POST` needs the header `Authorization: Bearer KEY` (401 otherwise; `GET /health` stays open, as SGLang's).
+The key is compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -112,20 +120,63 @@ class EngineService:
       param_dtype: dtype of weights loaded by `UpdateWeightsFromDisk` (the running model's).
       fingerprint: `weights_fingerprint` of the weights the engine started with (None: not reported until the
         first update).
+      api_key: when set, every RPC must carry it (`sglang_proto.auth_metadata`) or ends UNAUTHENTICATED.
     """
 
     def __init__(
-        self, engine: JaxEngine, *, model_path: str, param_dtype: Any = jnp.float32, fingerprint: str | None = None
+        self,
+        engine: JaxEngine,
+        *,
+        model_path: str,
+        param_dtype: Any = jnp.float32,
+        fingerprint: str | None = None,
+        api_key: str | None = None,
     ):
         self.engine = engine
         self.model_path = model_path
         self.param_dtype = param_dtype
         self.fingerprint = fingerprint
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._update_lock = asyncio.Lock()
 
     def handler(self) -> grpc.GenericRpcHandler:
-        names = [m.name for m in pb.service_descriptor().methods]
-        return pb.generic_handler({name: getattr(self, name) for name in names})
+        methods = pb.service_descriptor().methods
+        return pb.generic_handler({m.name: self._guarded(getattr(self, m.name), m.server_streaming) for m in methods})
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether an `authorization` value ("Bearer KEY") is this server's key; always True without one."""
+        if self._expected is None:
+            return True
+        return authorization is not None and hmac.compare_digest(authorization.encode(), self._expected)
+
+    def _guarded(self, implementation: Any, streaming: bool) -> Any:
+        """`implementation`, refusing calls without the API key (UNAUTHENTICATED) when the server has one."""
+        if self._expected is None:
+            return implementation
+
+        async def check(context) -> None:
+            metadata = dict(context.invocation_metadata() or ())
+            if not self.authorized(metadata.get("authorization")):
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"missing or wrong API key: this server requires one (--api_key); set {pb.API_KEY_ENV} to it "
+                    "where the client runs",
+                )
+
+        if streaming:
+
+            async def stream(request, context):
+                await check(context)
+                async for response in implementation(request, context):
+                    yield response
+
+            return stream
+
+        async def unary(request, context):
+            await check(context)
+            return await implementation(request, context)
+
+        return unary
 
     async def Generate(self, request, context):
         if request.HasField("logprob_start_len") and request.logprob_start_len >= 0:
@@ -248,6 +299,8 @@ def start_http_admin(
 ) -> ThreadingHTTPServer:
     """SGLang's HTTP weight-update endpoint, `POST /update_weights_from_disk`, plus `GET /health`.
 
+    With the service's API key, a POST needs `Authorization: Bearer KEY` (401 otherwise); `GET /health` is open.
+
     The body is SGLang's `UpdateWeightFromDiskReqInput` JSON (`model_path` required; `weight_version`
     optional; other fields such as `flush_cache` or `abort_all_requests` are accepted and ignored); the reply
     is `{"success": bool, "message": str}`, with status 200 or 400. Runs in a thread; `port=0` picks a free one
@@ -271,6 +324,14 @@ def start_http_admin(
                 self._reply(404, {"success": False, "message": f"no GET {self.path}"})
 
         def do_POST(self):  # noqa: N802
+            if not service.authorized(self.headers.get("Authorization")):
+                return self._reply(
+                    401,
+                    {
+                        "success": False,
+                        "message": f"missing or wrong API key (header Authorization: Bearer KEY); set {pb.API_KEY_ENV}",
+                    },
+                )
             if self.path != "/update_weights_from_disk":
                 return self._reply(404, {"success": False, "message": f"no POST {self.path}"})
             try:

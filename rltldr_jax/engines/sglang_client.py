@@ -6,12 +6,29 @@ episodes over them:
 
 - Routing: each request goes to the live server with the fewest outstanding requests.
 - Failures: a request whose server fails (connection lost, killed, timed out) is sent again to another live
-  server with the same seed; a server that then fails a health check is marked dead and gets no more
-  requests. A request the server aborted (a weight push pauses with mode "abort") waits for the push to end
-  and is sent again; such retries do not use up `max_attempts`. A request returns exactly one result: a retry
-  only happens when no result came back, a timed-out attempt is aborted on its server first, and every
-  attempt carries its own id on the wire (`{request_id}#{n}`), so a late abort of one attempt cannot hit the
-  next. When no server is left, `generate` raises `NoServerError`.
+  server with the same seed; a server that then fails a health check leaves the rotation. A request the server
+  aborted (a weight push pauses with mode "abort") waits for the push to end and is sent again; such retries do
+  not use up `max_attempts`. A request returns exactly one result: a retry only happens when no result came
+  back, a timed-out attempt is aborted on its server first, and every attempt carries its own id on the wire
+  (`{request_id}#{n}`), so a late abort of one attempt cannot hit the next.
+- Deadlines and health checks: every attempt has a deadline (`request_timeout_s`, default
+  `DEFAULT_REQUEST_TIMEOUT_S` = 1 h: room for the longest completions on a loaded server; None = none). A server
+  that stops answering (SIGSTOP, a hung host) is found sooner: every live server is health-checked each
+  `health_interval_s`; after `HEALTH_FAILURES_TO_DROP` failed checks in a row it leaves the rotation, and the
+  attempts in flight on it are sent to other servers at once.
+- Return to rotation: a server out of rotation (failed checks, failed attempts, a failed weight update) is
+  health-checked in the background with exponential backoff (from `REVIVE_FIRST_DELAY_S` up to
+  `health_interval_s`). When healthy again it must serve the current weights before it rejoins: the same version
+  label and a weights fingerprint the client knows for it (the trainer's, from `ensure_weights`, or the one the
+  servers reported after the last push, or its own from before it left: a paused server); otherwise the current
+  version's checkpoint (the last push's directory) is pushed to it first, as `ensure_weights` does at start. A
+  server restarted on the same port with other weights is thus updated; one that cannot be (no checkpoint of the
+  current version on disk) stays out, with a warning. While no server is in rotation a request waits up to
+  `no_server_wait_s` for one to return, then `generate` raises `NoServerError`.
+- Access: servers started with an API key (SGLang's `--api-key`; launch/serve.py's `--api_key`) get it with every
+  RPC as `authorization: Bearer KEY` metadata, and with every HTTP push as that header. The key comes from
+  `$RLTLDR_ENGINE_API_KEY` (`sglang_proto.API_KEY_ENV`) unless given: never from the run's config, which is saved
+  and logged; the client never logs it.
 - Weight push (`update_weights`): the params are exported as HF safetensors (`save_pretrained`) into
   `{weight_dir}/v{version:06d}` (written under a temporary name and renamed, so a server never reads a
   half-written checkpoint), then on every live server, concurrently: PauseGeneration → update →
@@ -72,8 +89,16 @@ RETRYABLE = {
 }
 
 
+#: Default per-attempt deadline of a Generate call, seconds (config `engine.request_timeout_s`).
+DEFAULT_REQUEST_TIMEOUT_S = 3600.0
+#: Failed health checks in a row that take a live server out of rotation (one slow answer under load is not enough).
+HEALTH_FAILURES_TO_DROP = 2
+#: First wait before a server out of rotation is checked again; doubles up to `health_interval_s`.
+REVIVE_FIRST_DELAY_S = 0.5
+
+
 class NoServerError(RuntimeError):
-    """Every generation server is dead."""
+    """No generation server is in rotation (every one is dead or failing its health checks)."""
 
 
 class StaleWeightsError(RuntimeError):
@@ -93,6 +118,14 @@ class _Server:
     outstanding: int = 0
     alive: bool = True
     served: int = 0  # results returned (for tests and logs)
+    lost: Any = None  # asyncio.Future resolved (with the reason) when the server leaves the rotation
+    failed_checks: int = 0  # failed health checks in a row while live
+    # What it reported when last known good (at connect, after a push or a check), and the client's version then.
+    version: str | None = None
+    fingerprint: str | None = None  # weights fingerprint (launch/serve.py; SGLang reports none)
+    client_version: int | None = None
+    reviving: Any = None  # the background task checking it while out of rotation
+    returns: int = 0  # times it came back into rotation (for tests and logs)
 
 
 def parse_response(response: Any, request_id: str) -> GenerationResult:
@@ -137,11 +170,18 @@ class SglangClient:
       export_dtype: dtype of the pushed safetensors (servers cast to their own dtype); None keeps the params'.
       pause_mode: PauseGeneration mode around a push. "abort" (default) makes in-flight requests come back
         aborted, and they are retried on the new weights, so no completion mixes two versions.
-      request_timeout_s: per-attempt deadline of a Generate call (None: none).
+      request_timeout_s: per-attempt deadline of a Generate call (None or 0: none; stopped servers are still
+        found by the health checks).
       max_attempts: failed tries (transport errors, timeouts) per request before `generate` gives up.
       max_aborts: server-side aborts (e.g. by pushes) tolerated per request before `generate` gives up.
       keep_exports: pushed checkpoint directories kept on disk (older ones are deleted).
       connect_timeout_s: how long to wait for every server's health check at start.
+      weight_version: the version the servers serve at start.
+      api_key: the servers' API key; None reads `$RLTLDR_ENGINE_API_KEY` (unset: no key).
+      health_interval_s: period of the live servers' health checks, and the longest wait between checks of a server
+        out of rotation.
+      health_timeout_s: a health check not answered within this fails.
+      no_server_wait_s: how long a request waits for a server to return to rotation when none is in it.
     """
 
     def __init__(
@@ -154,12 +194,16 @@ class SglangClient:
         graphdef: Any = None,
         export_dtype: Any = None,
         pause_mode: Literal["abort", "in_place", "retract"] = "abort",
-        request_timeout_s: float | None = None,
+        request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
         max_attempts: int = 4,
         max_aborts: int = 64,
         keep_exports: int = 2,
         connect_timeout_s: float = 60.0,
         weight_version: int = 0,
+        api_key: str | None = None,
+        health_interval_s: float = 10.0,
+        health_timeout_s: float = 10.0,
+        no_server_wait_s: float = 60.0,
     ):
         if not addresses:
             raise ValueError("SglangClient needs at least one server address (engine.servers=host:port,...)")
@@ -173,12 +217,21 @@ class SglangClient:
         self.graphdef = graphdef
         self.export_dtype = export_dtype
         self.pause_mode = pause_mode
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = request_timeout_s or None
+        self.health_interval_s = float(health_interval_s)
+        self.health_timeout_s = float(health_timeout_s)
+        self.no_server_wait_s = float(no_server_wait_s)
+        self._api_key = api_key if api_key is not None else (os.environ.get(pb.API_KEY_ENV) or None)
         self.max_attempts = max_attempts
         self.max_aborts = max_aborts
         self.keep_exports = keep_exports
         self._version = int(weight_version)
         self._exports: list[str] = []
+        # What serving the current version means, for a server that returns to rotation: the weights fingerprint
+        # per server param dtype (None: the trainer's own), and the checkpoint directory to push to it otherwise.
+        self._fingerprints: dict[str | None, str] = {}
+        self._checkpoint: str | None = None
+        self._background: set[asyncio.Task] = set()
         self._rng = np.random.default_rng()
         self.retries = 0  # attempts that failed and were sent again (for metrics)
         self.push_failures: list[str] = []  # servers taken out of rotation by a failed update
@@ -193,6 +246,7 @@ class SglangClient:
         except BaseException:
             self.close()
             raise
+        self._call(self._start_monitor())
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -207,6 +261,10 @@ class SglangClient:
     def served_counts(self) -> dict[str, int]:
         """Results returned per server."""
         return {s.address: s.served for s in self._servers}
+
+    def returns(self) -> dict[str, int]:
+        """Times each server came back into rotation after leaving it."""
+        return {s.address: s.returns for s in self._servers}
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generates one completion on some live server; many calls may be in flight at once."""
@@ -288,6 +346,10 @@ class SglangClient:
                 )
         if not differ and (assume or not unknown):
             self._version = int(version)
+            self._fingerprints = dict(ours)
+            for server in self._servers:
+                if server.address in infos:
+                    self._record(server, infos[server.address])
             outcome = "assumed" if unknown else "verified"
             log.info(
                 "generation servers serve the trainer's weights (version %d): %s",
@@ -309,6 +371,10 @@ class SglangClient:
 
         async def shutdown():
             self._closing = True
+            background = [t for t in self._background if not t.done()]
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             pending = [t for t in self._tasks if not t.done()]
             for t in pending:
                 t.cancel()
@@ -375,33 +441,159 @@ class SglangClient:
                 s.address,
                 options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
             )
-            s.stub = pb.Stub(s.channel)
-        healthy = await asyncio.gather(*(self._healthy(s, timeout_s, wait=True) for s in self._servers))
-        down = [s.address for s, ok in zip(self._servers, healthy, strict=True) if not ok]
+            s.stub = pb.Stub(s.channel, api_key=self._api_key)
+            s.lost = asyncio.get_running_loop().create_future()
+        problems = await asyncio.gather(*(self._check(s, timeout_s, wait=True) for s in self._servers))
+        down = {s.address: p for s, p in zip(self._servers, problems, strict=True) if p}
         if down:
+            hint = (
+                f"; set {pb.API_KEY_ENV} to the servers' API key"
+                if any("UNAUTHENTICATED" in p for p in down.values())
+                else ""
+            )
             raise NoServerError(
                 f"generation servers not reachable or unhealthy after {timeout_s:.0f} s: {down}; start them with "
-                "launch/serve.py or launch/serve_sglang.py and check engine.servers"
+                f"launch/serve.py or launch/serve_sglang.py and check engine.servers{hint}"
             )
+        infos = await asyncio.gather(*(self._model_info(s) for s in self._servers), return_exceptions=True)
+        for s, info in zip(self._servers, infos, strict=True):
+            if isinstance(info, dict):
+                self._record(s, info)
 
-    async def _healthy(self, server: _Server, timeout_s: float, wait: bool = False) -> bool:
+    def _record(self, server: _Server, info: dict[str, Any]) -> None:
+        """Remembers what a server in good standing serves (its `GetModelInfo`), to recognise it if it leaves the
+        rotation and comes back unchanged (paused, not restarted)."""
+        server.version = str(info.get("weight_version", ""))
+        server.fingerprint = info.get("weights_fingerprint") or None
+        server.client_version = self._version
+
+    async def _check(self, server: _Server, timeout_s: float, wait: bool = False) -> str | None:
+        """One health check: None if healthy, else what went wrong."""
         try:
             response = await server.stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=wait)
-            return bool(response.healthy)
-        except grpc.aio.AioRpcError:
-            return False
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer within {timeout_s:g} s"
+            return f"{e.code().name}: {e.details()}"
+        except Exception as e:  # noqa: BLE001 — whatever else went wrong, the server is not known to be healthy
+            return f"{type(e).__name__}: {e}"
+        return None if response.healthy else "reports unhealthy"
 
-    def _pick(self, avoid: set[str]) -> _Server:
-        live = [s for s in self._servers if s.alive]
-        if not live:
-            raise NoServerError(f"every generation server is dead: {[s.address for s in self._servers]}")
+    async def _model_info(self, server: _Server) -> dict[str, Any]:
+        response = await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)
+        return json.loads(response.json_info or "{}")
+
+    async def _pick(self, avoid: set[str]) -> _Server:
+        """The live server with the fewest outstanding requests, preferring those not in `avoid`; waits up to
+        `no_server_wait_s` for one to return when none is live."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.no_server_wait_s
+        while not (live := [s for s in self._servers if s.alive]):
+            if loop.time() >= give_up:
+                raise NoServerError(
+                    f"no generation server in rotation for {self.no_server_wait_s:g} s: "
+                    f"{[s.address for s in self._servers]} are dead or fail their health checks"
+                )
+            await asyncio.sleep(0.05)
         fresh = [s for s in live if s.address not in avoid] or live
         return min(fresh, key=lambda s: s.outstanding)
 
     async def _mark_if_dead(self, server: _Server, error: BaseException) -> None:
-        if server.alive and not await self._healthy(server, timeout_s=5.0):
+        if server.alive and await self._check(server, self.health_timeout_s):
+            self._take_out(server, f"{error}")
+
+    def _take_out(self, server: _Server, reason: str) -> None:
+        """Takes `server` out of rotation (its attempts in flight end and are sent elsewhere) and starts checking it
+        in the background until it can return."""
+        if server.alive:
             server.alive = False
-            log.warning("generation server %s is dead (%s); %d left", server.address, error, len(self.live_servers))
+            log.warning(
+                "generation server %s leaves the rotation (%s); %d left", server.address, reason, len(self.live_servers)
+            )
+        if not server.lost.done():
+            server.lost.set_result(reason)
+        if not self._closing and (server.reviving is None or server.reviving.done()):
+            server.reviving = self._spawn(self._revive(server))
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        """`coroutine` as a background task on the client's loop (call it there) that `close()` cancels."""
+        task = self._loop.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _start_monitor(self) -> None:
+        self._spawn(self._monitor())
+
+    async def _monitor(self) -> None:
+        """Health-checks every live server each `health_interval_s`; `HEALTH_FAILURES_TO_DROP` failures in a row take
+        it out of rotation. Skipped while a weight push runs (the push pauses servers and checks them itself)."""
+        while not self._closing:
+            await asyncio.sleep(self.health_interval_s)
+            if not self._no_push.is_set():
+                continue
+            live = [s for s in self._servers if s.alive]
+            problems = await asyncio.gather(*(self._check(s, self.health_timeout_s) for s in live))
+            for server, problem in zip(live, problems, strict=True):
+                if not problem:
+                    server.failed_checks = 0
+                    continue
+                server.failed_checks += 1
+                if server.failed_checks >= HEALTH_FAILURES_TO_DROP and server.alive and self._no_push.is_set():
+                    self._take_out(server, f"{server.failed_checks} health checks failed, the last: {problem}")
+
+    async def _revive(self, server: _Server) -> None:
+        """Checks a server out of rotation with exponential backoff until it is healthy and serves the current
+        weights (pushing them if needed), then returns it to rotation."""
+        delay, told = REVIVE_FIRST_DELAY_S, None
+        while not self._closing:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, max(self.health_interval_s, REVIVE_FIRST_DELAY_S))
+            if await self._check(server, self.health_timeout_s):
+                continue
+            async with self._push_lock:  # the current version cannot change under it
+                try:
+                    how = await self._bring_up_to_date(server)
+                except Exception as e:  # noqa: BLE001 — it stays out and is checked again
+                    if str(e) != told:
+                        log.warning(
+                            "generation server %s answers again but stays out of rotation: %s", server.address, e
+                        )
+                        told = str(e)
+                    continue
+                server.failed_checks = 0
+                server.lost = asyncio.get_running_loop().create_future()
+                server.alive = True
+                server.returns += 1
+            log.warning("generation server %s is back in rotation (%s)", server.address, how)
+            return
+
+    async def _bring_up_to_date(self, server: _Server) -> str:
+        """Makes a healthy server out of rotation serve the current weights; returns how, or raises why it cannot.
+
+        It may rejoin as it is when it reports what it served when it left, and no push happened since (a paused
+        server; a server without a fingerprint, SGLang, is trusted on its version label, as at start), or the current
+        version with the weights fingerprint the current weights have. Otherwise the current version's checkpoint is
+        pushed to it.
+        """
+        info = await self._model_info(server)
+        served = str(info.get("weight_version", ""))
+        fingerprint = info.get("weights_fingerprint") or None
+        if (served, fingerprint, self._version) == (server.version, server.fingerprint, server.client_version):
+            return f"unchanged since it left: version {served}" + (", same weights fingerprint" if fingerprint else "")
+        expected = self._fingerprints.get(info.get("param_dtype") or None)
+        if served == str(self._version) and fingerprint is not None and fingerprint == expected:
+            self._record(server, info)
+            return f"version {served}, weights fingerprint verified"
+        why = f"version {served or '?'}" + (f" with weights fingerprint {fingerprint}" if fingerprint else "")
+        if self._checkpoint is None:
+            raise RuntimeError(
+                f"it serves {why}, not the current version {self._version}'s weights, and no checkpoint of them is on "
+                "disk to push (restart it from the trainer's current weights)"
+            )
+        info = await self._push_one(server, self._checkpoint, self._version)
+        self._record(server, info or {"weight_version": str(self._version)})
+        return f"it served {why}: pushed {self._checkpoint} as version {self._version}"
 
     def _message(self, request: GenerationRequest, seed: int, rid: str) -> Any:
         p = request.params
@@ -424,17 +616,13 @@ class SglangClient:
         failures = aborts = 0
         while True:
             await self._no_push.wait()  # a push in progress: its pause would only abort this attempt
+            server = await self._pick(tried)
             submitted_version = self._version
-            server = self._pick(tried)
             tried.add(server.address)
             rid = f"{request.request_id}#{failures + aborts}"
             server.outstanding += 1
             try:
-                final = None
-                async for response in server.stub.Generate(
-                    self._message(request, seed, rid), timeout=self.request_timeout_s
-                ):
-                    final = response
+                final = await self._attempt(server, self._message(request, seed, rid))
                 if final is None or not final.finished:
                     raise _Unfinished(f"the stream from {server.address} ended before the request finished")
                 result = parse_response(final, request.request_id)
@@ -476,6 +664,27 @@ class SglangClient:
             server.served += 1
             return result
 
+    async def _attempt(self, server: _Server, message: Any) -> Any:
+        """Sends one Generate to `server`; its final response (None if none came). Ends with `_Unfinished` as soon as
+        the server leaves the rotation (a failed health check), so the request is sent elsewhere at once."""
+
+        async def stream() -> Any:
+            final = None
+            async for response in server.stub.Generate(message, timeout=self.request_timeout_s):
+                final = response
+            return final
+
+        attempt, lost = asyncio.ensure_future(stream()), server.lost
+        try:
+            await asyncio.wait({attempt, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not attempt.done():  # the server left the rotation, or this request is cancelled (close)
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+        if attempt.cancelled():
+            raise _Unfinished(f"{server.address} left the rotation ({lost.result()})")
+        return attempt.result()
+
     async def _abort(self, server: _Server, rid: str) -> None:
         try:
             await server.stub.Abort(pb.AbortRequest(rid=rid), timeout=5.0)
@@ -484,15 +693,11 @@ class SglangClient:
 
     async def _model_infos(self) -> dict[str, dict[str, Any]]:
         """Every live server's `GetModelInfo` JSON, by address."""
-
-        async def one(server: _Server) -> dict[str, Any]:
-            response = await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)
-            return json.loads(response.json_info or "{}")
-
         live = [s for s in self._servers if s.alive]
         if not live:
             raise NoServerError("no live generation server")
-        return dict(zip((s.address for s in live), await asyncio.gather(*(one(s) for s in live)), strict=True))
+        infos = await asyncio.gather(*(self._model_info(s) for s in live))
+        return dict(zip((s.address for s in live), infos, strict=True))
 
     async def _push(self, model_path: str, version: int) -> None:
         async with self._push_lock:
@@ -517,18 +722,26 @@ class SglangClient:
                     f"weight push of {model_path} (version {version}) failed on every server: {[f for _, f in failed]}"
                 )
             for server, reason in failed:  # the others have the new weights: a server with old ones must not serve
-                server.alive = False
                 self.push_failures.append(reason)
-                log.warning("taking %s out of rotation: its weight update failed (%s)", server.address, reason)
+                self._take_out(server, f"its weight update failed ({reason})")
             if not any(s.alive for s in self._servers):
                 raise NoServerError(f"weight push of {model_path} left no live server")
-            self._version = version
+            # Servers out of rotation get this checkpoint when they return (they wait for the push lock).
+            self._version, self._checkpoint, self._fingerprints = version, model_path, {}
+            for server, outcome in zip(live, outcomes, strict=True):
+                if server.alive and not isinstance(outcome, BaseException):
+                    info = outcome or {"weight_version": str(version)}  # None: an HTTP push (SGLang)
+                    self._record(server, info)
+                    if server.fingerprint:
+                        self._fingerprints.setdefault(info.get("param_dtype") or None, server.fingerprint)
             log.info("pushed %s as version %d to %d servers", model_path, version, len(self.live_servers))
 
-    async def _push_one(self, server: _Server, model_path: str, version: int) -> None:
+    async def _push_one(self, server: _Server, model_path: str, version: int) -> dict[str, Any] | None:
         """pause → update → continue on one server; continue is always attempted, and a server that cannot be
-        continued is marked dead (a paused server would pass health checks but never answer)."""
+        continued leaves the rotation (a paused server would pass health checks but never answer). Returns the
+        server's `GetModelInfo` after a gRPC update (None over HTTP)."""
         error: BaseException | None = None
+        info = None
         try:
             await server.stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=600.0)
             if self.weight_update == "grpc":
@@ -537,9 +750,7 @@ class SglangClient:
                 )
                 if not response.success:
                     raise RuntimeError(f"update refused: {response.message}")
-                info = json.loads(
-                    (await server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60.0)).json_info or "{}"
-                )
+                info = await self._model_info(server)
                 if str(info.get("weight_version", version)) != str(version):
                     raise RuntimeError(
                         f"the server reports weight_version {info.get('weight_version')!r} "
@@ -549,7 +760,9 @@ class SglangClient:
                     )
             else:
                 body = {"model_path": model_path, "weight_version": str(version), "flush_cache": True}
-                ok, message = await asyncio.to_thread(_post_json, f"{server.http_url}/update_weights_from_disk", body)
+                ok, message = await asyncio.to_thread(
+                    _post_json, f"{server.http_url}/update_weights_from_disk", body, api_key=self._api_key
+                )
                 if not ok:
                     raise RuntimeError(f"update refused: {message}")
         except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
@@ -560,22 +773,25 @@ class SglangClient:
                 break
             except grpc.aio.AioRpcError as e:
                 if attempt == 2:
-                    server.alive = False
-                    log.warning(
-                        "%s could not be continued after a push and is dead to this client: %s", server.address, e
-                    )
+                    self._take_out(server, f"it could not be continued after a push: {e.code().name}")
                     error = error or e
         if error is not None:
             raise error
+        return info
 
 
 class _Unfinished(Exception):
     """A Generate stream that ended without a finished response."""
 
 
-def _post_json(url: str, body: dict[str, Any], timeout_s: float = 3600.0) -> tuple[bool, str]:
-    """POSTs JSON; returns SGLang's (success, message)."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post_json(
+    url: str, body: dict[str, Any], timeout_s: float = 3600.0, *, api_key: str | None = None
+) -> tuple[bool, str]:
+    """POSTs JSON (with `Authorization: Bearer KEY` given a key); returns SGLang's (success, message)."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             reply = json.loads(response.read() or b"{}")

@@ -26,6 +26,17 @@ PROTO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proto")
 PROTO_FILE = "sglang/runtime/v1/sglang.proto"
 SERVICE = "sglang.runtime.v1.SglangService"
 
+#: The environment variable holding the servers' shared API key (SGLang's `--api-key`), read by the client and by
+#: launch/serve.py: an environment variable, not a config key, so that it is never saved in a run's config, logged,
+#: or visible in `ps`.
+API_KEY_ENV = "RLTLDR_ENGINE_API_KEY"
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata that carries `api_key`: SGLang's HTTP header `Authorization: Bearer KEY`, as gRPC metadata
+    (lower-case key). Empty without a key."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
 
 @functools.cache
 def file_descriptor() -> descriptor.FileDescriptor:
@@ -70,13 +81,18 @@ def _method_path(name: str) -> str:
 
 
 class Stub:
-    """Client stub with one callable per RPC, for a `grpc.Channel` or a `grpc.aio.Channel`."""
+    """Client stub with one callable per RPC, for a `grpc.Channel` or a `grpc.aio.Channel`.
 
-    def __init__(self, channel: grpc.Channel | grpc.aio.Channel):
+    `api_key`: sent with every call (`auth_metadata`), for servers started with an API key.
+    """
+
+    def __init__(self, channel: grpc.Channel | grpc.aio.Channel, api_key: str | None = None):
+        metadata = auth_metadata(api_key)
         for method in service_descriptor().methods:
             request, response = message_class(method.input_type.name), message_class(method.output_type.name)
             make = channel.unary_stream if method.server_streaming else channel.unary_unary
-            setattr(self, method.name, make(_method_path(method.name), request.SerializeToString, response.FromString))
+            call = make(_method_path(method.name), request.SerializeToString, response.FromString)
+            setattr(self, method.name, functools.partial(call, metadata=metadata) if metadata else call)
 
 
 def generic_handler(implementations: Mapping[str, Callable[..., Any]]) -> grpc.GenericRpcHandler:
