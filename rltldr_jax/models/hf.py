@@ -20,8 +20,13 @@ Norm weights are stored as they are (zero-centred norms keep the offset conventi
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import shutil
+import stat
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,14 +299,91 @@ def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
 def save_pretrained(model: Qwen35, path: str | os.PathLike, *, dtype=None, max_shard_bytes: int = 5 * 2**30) -> None:
     """Writes config.json and safetensors shards (+ index when more than one) in HF's text layout.
 
+    An export replaces the directory's weights as a whole: it is written to a temporary directory next to `path`
+    and swapped in when complete (one atomic `renameat2(RENAME_EXCHANGE)` where the OS has it, else two renames), so
+    `path` never holds a mix of two exports (a stale model.safetensors.index.json of an earlier sharded export would
+    otherwise win over a new single file) and an interrupted export leaves the previous one as it was. The other
+    files of an existing `path` (tokenizer.json, a README) are kept (hard-linked into the new directory).
+
     Args:
       model: the model to save.
-      path: output directory (created).
+      path: output directory (created; a symbolic link to a directory: the directory it points to is replaced).
       dtype: tensor dtype to write; None keeps each parameter's dtype.
       max_shard_bytes: shard size limit; tensors are never split.
+
+    Raises:
+      PermissionError: `path` exists and is not writable (nothing is written), or its parent is not writable.
+      NotADirectoryError: `path` exists and is not a directory.
     """
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
+    path = os.path.realpath(os.fspath(path))
+    parent, name = os.path.split(path)
+    exists = os.path.lexists(path)
+    if exists and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", path)
+    if exists and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "the directory is not writable", path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(tmp)
+    try:
+        _write_weights(model, tmp, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        if exists:
+            for entry in os.listdir(path):
+                if not _is_weight_file(entry):  # the directory's other files stay
+                    _link_tree(os.path.join(path, entry), os.path.join(tmp, entry))
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            _swap_directories(tmp, path)  # `tmp` now holds the previous export
+        else:
+            os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_weight_file(name: str) -> bool:
+    """What an export writes (and so replaces): config.json, *.safetensors and the index."""
+    return name in ("config.json", INDEX_FILE) or name.endswith(".safetensors")
+
+
+def _link_tree(src: str, dst: str) -> None:
+    """`src` (file, directory or symbolic link) at `dst`: files hard-linked (copied across filesystems)."""
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=link)
+    else:
+        link(src, dst)
+
+
+def _swap_directories(a: str, b: str) -> None:
+    """Exchanges two directories of one parent: atomically with Linux's renameat2(RENAME_EXCHANGE), else (other
+    systems, file systems without it) by two renames, between which `b` is briefly absent (never mixed)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+    aside = f"{a}.previous"
+    os.rename(b, aside)
+    try:
+        os.rename(a, b)
+    except BaseException:
+        os.rename(aside, b)  # the previous export back in place
+        raise
+    os.rename(aside, a)
+
+
+def _write_weights(model: Qwen35, path: str, *, dtype, max_shard_bytes: int) -> None:
+    """config.json and the safetensors shards (+ index when more than one) of `model` into the directory `path`."""
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     total = 0
