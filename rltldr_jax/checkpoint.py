@@ -5,7 +5,9 @@ A checkpoint is everything a resumed run needs to continue exactly where it stop
     {directory}/{step}/
       params/      the model state (`nnx.split(model)[1]`), an orbax StandardSave pytree (tensorstore/OCDBT)
       opt_state/   the optax state, StandardSave (absent when saved with opt_state=None)
-      state/       JSON: {"format", "step", "rng": key data + impl, "model_config": Qwen35Config.to_hf_dict()}
+      state/       JSON: {"format", "step", "rng": key data + impl, "model_config": Qwen35Config.to_hf_dict(),
+                   "checksums": {"algorithm", "params": {name: checksum}, "opt_state": {...}, "meta": checksum},
+                   "state_checksum": of the rest of this JSON}
       meta/        JSON: the caller's dict (task cursor, collector/schedule state, metric accumulators, config,
                    phase index, env-step counter, weight version, ...)
       _CHECKPOINT_METADATA, commit_success.txt   (orbax)
@@ -27,17 +29,23 @@ way.
 `jax.eval_shape(tx.init, ...)`) with their shardings, so a sharded model restores straight into its mesh
 layout; every parameter's name, shape and dtype is checked against the checkpoint first, and a different
 architecture fails with `CheckpointMismatchError` naming the mismatching parameters. Unreadable files (truncated,
-damaged) and restored arrays holding NaN/inf (unless `allow_nonfinite=True`) are `CorruptCheckpointError`
-naming the step and item.
+damaged), restored arrays or JSON that differ from the checksums recorded at save time (`CHECKSUM_ALGORITHM`:
+computed before `save` returns, on the accelerator or with numpy for host arrays; a flipped bit is always caught), and
+restored arrays holding NaN/inf (unless `allow_nonfinite=True`) are `CorruptCheckpointError` naming the step and
+item (the trainer's `--resume` then falls back to the newest intact step). Checkpoints saved before checksums were
+recorded restore unverified, with a warning.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -226,17 +234,161 @@ def error_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
+# ----------------------------------------------------------------------------------------------------
+# Checksums
+# ----------------------------------------------------------------------------------------------------
+
+#: The array checksum recorded at save time (state["checksums"]["algorithm"]): two 32-bit lanes, each the sum mod
+#: 2**32 over the elements of MurmurHash3's finaliser applied to (the element's bits XOR a function of its
+#: row-major position). A sum does not depend on how the array is sharded or in which order it is reduced, so the
+#: same checksum comes out on any mesh and on either path: on the accelerator (one fused jitted pass per array) or,
+#: for arrays in host memory, with numpy in cache-sized chunks (no compilation). One changed element always changes
+#: both lanes (the finaliser is a bijection), several escape with probability ~2**-64. Not a cryptographic hash: it
+#: detects damage (flipped bits, garbled or misplaced blocks), not deliberate forgery.
+CHECKSUM_ALGORITHM = "fmix32x2-v1"
+_U32 = jnp.uint32
+_LANE_A = (0x9E3779B9, 0)  # lane = fmix32(bits ^ (position * multiplier + offset))
+_LANE_B = (0x7FEB352D, 0x846CA68B)
+#: Elements per numpy chunk on the host path (fits in the L2 cache with its temporaries).
+_HOST_CHUNK = 1 << 16
+#: Elements per task of the host path's thread pool (larger arrays are checksummed on every core).
+_HOST_TASK = 1 << 22
+
+
+def _fmix32(h):
+    """MurmurHash3's 32-bit finaliser, elementwise on uint32 (jax or numpy; a bijection: every input bit reaches every
+    output bit)."""
+    h = h ^ (h >> 16)
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The bits of `x` as uint32: shape x.shape (1-, 2- and 4-byte dtypes, typed keys as their key data), or
+    [*x.shape, 2] for 8-byte dtypes. Bool and sub-byte integer dtypes (int4) are converted, which is exact."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    bits = jax.dtypes.itemsize_bits(x.dtype)
+    if x.dtype == jnp.bool_ or bits < 8:
+        return x.astype(_U32)
+    uint = {8: jnp.uint8, 16: jnp.uint16, 32: _U32, 64: _U32}[bits]
+    return jax.lax.bitcast_convert_type(x, uint).astype(_U32)
+
+
+def _positions(shape: tuple[int, ...]) -> jax.Array:
+    """Every element's row-major position (mod 2**32), uint32 [*shape], built from iotas (nothing is stored)."""
+    pos, stride = jnp.zeros(shape, _U32), 1
+    for d in reversed(range(len(shape))):
+        pos = pos + jax.lax.broadcasted_iota(_U32, shape, d) * _U32(stride % 2**32)
+        stride *= shape[d]
+    return pos
+
+
 @jax.jit
-def _finite(tree):
-    """Per leaf: whether every element is finite (integer leaves: True); one fused pass, no temporaries."""
-    return jax.tree.map(
-        lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True), tree
-    )
+def _inspect_device(leaves: list[jax.Array]) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+    """Per array: (all elements finite (integer arrays: True), checksum lane a, lane b); one fused pass each."""
+
+    def one(x):
+        w = _words(x)
+        pos = _positions(w.shape)
+        a, b = (jnp.sum(_fmix32(w ^ (pos * _U32(m) + _U32(o))), dtype=_U32) for m, o in (_LANE_A, _LANE_B))
+        finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+        return finite, a, b
+
+    return [one(x) for x in leaves]
+
+
+def _inspect_host(x: Any) -> tuple[bool, int, int]:
+    """`_inspect_device` of one array in host memory, with numpy (the same numbers)."""
+    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    x = np.ascontiguousarray(np.asarray(x))
+    bits = jax.dtypes.itemsize_bits(x.dtype)
+    finite = True
+    if np.issubdtype(x.dtype, np.inexact) or jnp.issubdtype(x.dtype, jnp.inexact):  # (ml_dtypes: bf16, fp8)
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = bool(np.isfinite(np.sum(x, dtype=np.float64)))  # finite exactly when every element is
+    if x.dtype == np.bool_ or bits < 8:
+        flat = (x.reshape(-1).astype(np.int64) & 0xFFFFFFFF).astype(np.uint32)
+    else:
+        flat = x.reshape(-1).view({8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint32}[bits])
+    spans = [(start, min(start + _HOST_TASK, flat.size)) for start in range(0, flat.size, _HOST_TASK)]
+    if len(spans) > 1:  # numpy releases the GIL in its loops: the spans run in parallel
+        with concurrent.futures.ThreadPoolExecutor(min(len(spans), os.cpu_count() or 1)) as pool:
+            parts = list(pool.map(lambda span: _host_lanes(flat, *span), spans))
+    else:
+        parts = [_host_lanes(flat, 0, flat.size)]
+    return finite, sum(a for a, _ in parts) % 2**32, sum(b for _, b in parts) % 2**32
+
+
+def _host_lanes(flat: np.ndarray, begin: int, end: int) -> tuple[int, int]:
+    """The two checksum lanes (not yet reduced mod 2**32) of elements [begin, end) of the flat words `flat`."""
+    sums = [0, 0]
+    for start in range(begin, end, _HOST_CHUNK):
+        w = flat[start : min(start + _HOST_CHUNK, end)].astype(np.uint32)
+        pos = (np.arange(start, start + w.size, dtype=np.uint64) & 0xFFFFFFFF).astype(np.uint32)
+        for lane, (m, o) in enumerate((_LANE_A, _LANE_B)):
+            sums[lane] += int(_fmix32(w ^ (pos * np.uint32(m) + np.uint32(o))).sum(dtype=np.uint64))
+    return sums[0], sums[1]
+
+
+def _on_host(x: Any) -> bool:
+    """Whether `x` is in this process's host memory whole (numpy, or a JAX array on CPU devices only)."""
+    if not isinstance(x, jax.Array):
+        return True
+    return x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
+
+
+def inspect_arrays(tree) -> dict[str, tuple[bool, str]]:
+    """Dotted name → (every element finite, checksum as 16 hex digits) of every array leaf of `tree`: computed with
+    numpy for arrays in host memory, on the accelerator for the others (the same numbers for any sharding of the
+    same values). A collective in a multi-process job (every process calls it with its part of the arrays)."""
+    flat = _flat(tree)
+    found = {name: _inspect_host(x) for name, x in flat.items() if _on_host(x)}
+    on_device = {name: x for name, x in flat.items() if name not in found}
+    if on_device:
+        found |= dict(zip(on_device, jax.device_get(_inspect_device(list(on_device.values()))), strict=True))
+    return {name: (bool(found[name][0]), f"{int(found[name][1]):08x}{int(found[name][2]):08x}") for name in flat}
+
+
+def array_checksums(tree) -> dict[str, str]:
+    """Dotted name → checksum (`CHECKSUM_ALGORITHM`, 16 hex digits) of every array leaf of `tree`."""
+    return {name: checksum for name, (_, checksum) in inspect_arrays(tree).items()}
 
 
 def nonfinite_arrays(tree) -> list[str]:
     """Dotted names of the leaves of `tree` that hold NaN or inf."""
-    return [name for name, ok in _flat(jax.device_get(_finite(tree))).items() if not ok]
+    return [name for name, (finite, _) in inspect_arrays(tree).items() if not finite]
+
+
+def json_checksum(value: Any) -> str:
+    """SHA-256 (16 hex digits) of a JSON value as JSON writes it with sorted keys (what a JSON item reads back)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _quiet_orphaned_reads() -> None:
+    """Keeps the reads a failed orbax restore leaves behind from printing tracebacks.
+
+    orbax reads every array concurrently on an asyncio loop; when one read fails, the loop is closed while
+    TensorStore still completes the others, and each completion reports `RuntimeError('Event loop is closed')` to
+    `sys.unraisablehook`, which prints a traceback after the clear error (launch/export_hf.py, launch/eval.py on a
+    truncated checkpoint). This chains a filter for exactly that report in front of the current hook.
+    """
+    current = sys.unraisablehook
+    if getattr(current, "_rltldr_orphaned_reads", False):
+        return
+
+    def hook(unraisable, previous=current):
+        exc = unraisable.exc_value
+        if unraisable.object is None and isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._rltldr_orphaned_reads = True
+    sys.unraisablehook = hook
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -423,16 +575,24 @@ class Checkpointer:
                 f"{need / 2**30:.2f} GiB (parameters + optimizer state + {SPACE_MARGIN:.0%}), {free / 2**30:.2f} GiB "
                 "are free; free some space or write to a larger disk"
             )
+        meta = _jsonable(dict(meta or {}), "meta")
+        # Checksums of what is written, verified on restore (`_verify_arrays`, `_verify_json`): computed here, before
+        # `save` returns (the caller may donate the arrays then), on the accelerator in one pass per array.
+        checksums = {"algorithm": CHECKSUM_ALGORITHM, "params": array_checksums(params), "meta": json_checksum(meta)}
+        if opt_state is not None:
+            checksums["opt_state"] = array_checksums(opt_state)
         state = {
             "format": FORMAT_VERSION,
             "step": step,
             "rng": _rng_to_json(rng),
             "model_config": _config_dict(model_config),
+            "checksums": checksums,
         }
+        state["state_checksum"] = json_checksum(state)
         args = {
             "params": ocp.args.StandardSave(params),
             "state": ocp.args.JsonSave(state),
-            "meta": ocp.args.JsonSave(_jsonable(dict(meta or {}), "meta")),
+            "meta": ocp.args.JsonSave(meta),
         }
         if opt_state is not None:
             args["opt_state"] = ocp.args.StandardSave(opt_state)
@@ -452,18 +612,55 @@ class Checkpointer:
         try:
             return read()
         except Exception as e:
+            _quiet_orphaned_reads()
             raise CorruptCheckpointError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r}: "
                 f"cannot read its {what} ({error_reason(e)}); its "
                 "files are truncated or damaged"
             ) from e
 
+    def _corrupt(self, step: int, what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"checkpoint step {step} in {os.fspath(self.directory)!r} is corrupt: {what}; use another step (--resume "
+            "falls back to the newest intact one by itself)"
+        )
+
+    def _verify_json(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Raises CorruptCheckpointError if the state or meta JSON differs from the checksums recorded at save time
+        (checkpoints saved before checksums were recorded have none: nothing to verify)."""
+        if "state_checksum" not in state:
+            return
+        recorded = {k: v for k, v in state.items() if k != "state_checksum"}
+        for item, ok in (
+            ("state", json_checksum(recorded) == state["state_checksum"]),
+            ("meta", json_checksum(meta) == state.get("checksums", {}).get("meta")),
+        ):
+            if not ok:
+                raise self._corrupt(step, f"its {item} ({self._step_dir(step) / item}) differs from its checksum")
+
+    def _verify_arrays(self, step: int, item: str, recorded: Mapping[str, str] | None, found: Mapping[str, str]):
+        """Raises CorruptCheckpointError naming the arrays of `item` whose checksums (`found`, of the restored
+        arrays) differ from those `recorded` at save time."""
+        if recorded is None:
+            return
+        bad = [name for name, checksum in found.items() if recorded.get(name) != checksum]
+        if bad:
+            names = ", ".join(bad[:4]) + (", …" if len(bad) > 4 else "")
+            raise self._corrupt(
+                step,
+                f"{len(bad)} of its {len(found)} {item} arrays differ from the checksums recorded when it was saved "
+                f"({names}): the files under {self._step_dir(step) / item} are damaged",
+            )
+
     def read_state(self, step: int | None = None) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        """(step, internal state JSON, meta) of a checkpoint, without reading any array."""
+        """(step, internal state JSON, meta) of a checkpoint, without reading any array; both verified against their
+        checksums (CorruptCheckpointError)."""
         step = self._resolve(step)
         args = ocp.args.Composite(state=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
         r = self._read(step, "state and meta", lambda: self._manager.restore(step, args=args))
-        return step, dict(r["state"]), dict(r["meta"] or {})
+        state, meta = dict(r["state"]), dict(r["meta"] or {})
+        self._verify_json(step, state, meta)
+        return step, state, meta
 
     def model_config(self, step: int | None = None) -> Qwen35Config | None:
         """The architecture recorded with a checkpoint (None if it was saved without one)."""
@@ -494,7 +691,8 @@ class Checkpointer:
         Raises:
           FileNotFoundError: no such checkpoint.
           CheckpointMismatchError: the targets' names/shapes/dtypes differ from the checkpoint's.
-          CorruptCheckpointError: its files cannot be read, or (unless allowed) an array holds NaN/inf.
+          CorruptCheckpointError: its files cannot be read, an array or the JSON differs from the checksums
+            recorded at save time, or (unless allowed) an array holds NaN/inf.
         """
         step = self._resolve(step)
         default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -527,8 +725,22 @@ class Checkpointer:
         args = {item: ocp.args.StandardRestore(t) for item, t in targets.items()}
         args |= {"state": ocp.args.JsonRestore(), "meta": ocp.args.JsonRestore()}
         r = self._read(step, "arrays", lambda: self._manager.restore(step, args=ocp.args.Composite(**args)))
+        state = dict(r["state"])
+        self._verify_json(step, state, dict(r["meta"] or {}))
+        checksums = state.get("checksums")
+        if checksums is None:
+            log.warning(
+                "checkpoint step %d in %s records no checksums (saved by an older version): "
+                "its arrays are not verified",
+                step,
+                os.fspath(self.directory),
+            )
+        found = {item: inspect_arrays(r[item]) for item in targets}  # (finite, checksum) per array
+        for item in targets:
+            recorded = None if checksums is None else checksums.get(item)
+            self._verify_arrays(step, item, recorded, {name: c for name, (_, c) in found[item].items()})
         if not allow_nonfinite:
-            bad = nonfinite_arrays({item: r[item] for item in targets})
+            bad = [f"{item}.{name}" for item in targets for name, (finite, _) in found[item].items() if not finite]
             if bad:
                 raise CorruptCheckpointError(
                     f"checkpoint step {step} in {os.fspath(self.directory)!r} holds NaN/inf in {len(bad)} arrays "
@@ -536,7 +748,6 @@ class Checkpointer:
                     "its files are damaged or the run diverged; "
                     "use another step, or " + ALLOW_NONFINITE_HINT
                 )
-        state = dict(r["state"])
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(
                 f"checkpoint step {step} has format {state.get('format')}; this code reads {FORMAT_VERSION}"
