@@ -6,13 +6,14 @@
 
 The architecture is read from the checkpoint (the trainer records `Qwen35Config.to_hf_dict()` at save time);
 --preset or --config_json give it for checkpoints saved without one (and must agree with a recorded one).
-Only the parameters are read; the optimizer state is not touched.
+Only the parameters are read (verified against the checksums recorded at save time); the optimizer state is not
+touched. An export replaces the weights of an existing --out as a whole (written next to it, then swapped in: never
+a mix of two exports); the directory's other files, e.g. a tokenizer.json, are kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -67,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             path = args.config_json
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"no config file {path!r}")
-            with open(path, encoding="utf-8") as f:
-                config = Qwen35Config.from_hf_dict(json.load(f))
+            config = Qwen35Config.from_json_file(path)
         step = export_hf(
             args.checkpoint_dir,
             args.step,
@@ -81,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (FileNotFoundError, ValueError, CheckpointMismatchError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full output directory, ...
+        where = f" {e.filename}" if e.filename else ""
+        print(
+            f"export_hf: error: cannot write the export to {args.out} ({e.strerror or e}:{where}); give an --out in a "
+            "writable directory with enough free space",
+            file=sys.stderr,
+        )
         return 2
     print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({args.dtype})")
     return 0

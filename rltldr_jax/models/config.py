@@ -59,8 +59,28 @@ class Qwen35Config:
             problems.append(f"rotary dim {self.rotary_dim} must be even and <= head_dim={self.head_dim}")
         if self.hidden_act != "silu":
             problems.append(f"hidden_act={self.hidden_act!r}; Qwen 3.5 uses silu")
+        problems += self._type_problems()
         if problems:
             raise ValueError("invalid Qwen 3.5 config: " + "; ".join(problems))
+
+    def _type_problems(self) -> list[str]:
+        """Fields of the wrong type (e.g. a size given as a string in a hand-edited config.json)."""
+        problems = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+                want = "a positive integer"
+            elif f.type == "float":
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                want = "a number"
+            elif f.type == "bool":
+                ok, want = isinstance(value, bool), "true or false"
+            else:
+                continue
+            if not ok:
+                problems.append(f"{f.name}={value!r} must be {want}")
+        return problems
 
     # -- derived sizes ----------------------------------------------------------------------------------
 
@@ -152,15 +172,38 @@ class Qwen35Config:
         return cls(**kwargs)
 
     @classmethod
+    def from_json_file(cls, file: str | os.PathLike) -> Qwen35Config:
+        """Reads an HF `config.json` file (VLM or text layout).
+
+        Raises:
+          FileNotFoundError: there is no such file.
+          ValueError: the file is not a Qwen 3.5 config (not JSON, another model type, a field of the wrong type);
+            the message names the file, what is wrong and the fix.
+        """
+        file = os.fspath(file)
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"no config file {file!r}")
+        try:
+            with open(file, encoding="utf-8") as f:
+                raw = json.load(f)
+            if not isinstance(raw, dict):
+                raise ValueError(f"it holds a JSON {type(raw).__name__}, not an object")
+            return cls.from_hf_dict(raw)
+        except (ValueError, TypeError, KeyError) as e:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+            raise ValueError(
+                f"{file} is not a usable Qwen 3.5 config.json ({e}): fix it, or replace it with the config.json of the "
+                "checkpoint it belongs to"
+            ) from None
+
+    @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> Qwen35Config:
-        """Reads `config.json` from a checkpoint directory."""
+        """Reads `config.json` from a checkpoint directory (errors as `from_json_file`)."""
         file = os.path.join(path, "config.json")
         if not os.path.isfile(file):
             raise FileNotFoundError(
                 f"no config.json in {os.fspath(path)!r}: expected an HF Qwen 3.5 checkpoint directory"
             )
-        with open(file, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
+        return cls.from_json_file(file)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A text-only HF config (`Qwen3_5ForCausalLM`), which transformers and SGLang load."""
