@@ -1,4 +1,5 @@
-"""Runs in a workdir: a new run never mixes with an old one (refused, or the old one moved aside); a resumed run
+"""Runs in a workdir: a workdir the run creates is private (0700), one it cannot write is one clear line; a new run
+never mixes with an old one (refused, or the old one moved aside); a resumed run
 says what changed in its config and refuses changes to what it trains; it falls back past a damaged checkpoint,
 moves aside what the stopped run wrote after its checkpoint, and TensorBoard shows redone phases once; a failed
 checkpoint save stops the run before more compute; the README's first command works with relative paths from
@@ -25,8 +26,10 @@ from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import (
     ConfigChangeError,
     RunExistsError,
+    WorkdirError,
     WorkdirInUseError,
     check_config_changes,
+    claim_workdir,
     config_changes,
     lock_workdir,
     move_aside,
@@ -90,6 +93,55 @@ def test_one_process_per_workdir(tmp_path):
         child.kill()
         child.wait()
     lock_workdir(workdir).close()
+
+
+def test_a_workdir_the_run_creates_is_private(tmp_path, caplog):
+    """Agent code in the sandbox runs as another user: it must not read the run's rollouts and checkpoints. A
+    workdir the run creates (a fresh one, or the fresh one of --restart) is 0700; an existing one keeps its mode,
+    with a warning when other users may enter it."""
+    workdir = str(tmp_path / "runs" / "new")
+    claim_workdir(workdir, resume=False, restart=False).close()
+    assert os.stat(workdir).st_mode & 0o777 == 0o700
+    _touch(os.path.join(workdir, "rollouts", "phase_00000.jsonl"))
+    claim_workdir(workdir, resume=False, restart=True).close()  # the old run moved aside, a fresh workdir made
+    assert os.stat(workdir).st_mode & 0o777 == 0o700
+    shared = str(tmp_path / "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o755)
+    with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
+        claim_workdir(shared, resume=True, restart=False).close()
+    assert os.stat(shared).st_mode & 0o777 == 0o755  # not the run's to change
+    assert f"{shared} can be read by other users (mode 0755)" in caplog.text and "chmod 700" in caplog.text
+
+
+def test_a_workdir_that_cannot_be_written_is_one_clear_line(tmp_path):
+    """A workdir that cannot be created (here: under a file; likewise read-only or not permitted) is a WorkdirError
+    naming it and the reason; launch/train.py prints it as one line (was: an OSError traceback)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    workdir = str(blocker / "run")
+    with pytest.raises(WorkdirError, match=rf"^cannot use {re.escape(workdir)} as the workdir: Not a directory: "):
+        claim_workdir(workdir, resume=False, restart=False)
+    if os.geteuid() != 0:  # (root may write anywhere)
+        readonly = tmp_path / "read-only"
+        readonly.mkdir(mode=0o555)
+        with pytest.raises(WorkdirError, match="Permission denied"):
+            claim_workdir(str(readonly / "run"), resume=False, restart=False)
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", "train.py"), "--config=configs/sapi.py:tiny"]
+        + [f"--config.workdir={workdir}"],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: cannot use {workdir} as the workdir: Not a directory: {workdir!r}; give a --config.workdir this "
+        "user can write"
+    )
 
 
 def test_leftovers_are_moved_aside(tmp_path, caplog):

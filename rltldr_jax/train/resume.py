@@ -7,6 +7,10 @@
 Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to
 `{workdir}/discarded-YYYYmmdd-HHMMSS/` (same relative paths).
 
+A workdir the run creates is private (mode 0700: agent code in the sandbox runs as another user and cannot read
+the run's rollouts or checkpoints); an existing one keeps its mode, with a warning when other users can enter it.
+A workdir that cannot be created, locked or written is a `WorkdirError` naming it and the reason.
+
 In a multi-process job (one workdir on a filesystem every process sees) process 0 alone takes the lock, refuses or
 moves the old run aside, and moves leftovers; the other processes wait for its outcome and share it: they hold a
 `FollowerLock` (nothing to release), and raise the same error when process 0 refuses the workdir.
@@ -59,20 +63,49 @@ class WorkdirInUseError(ValueError):
     """Another process holds the workdir's lock: it is running (or resuming) a run there."""
 
 
+class WorkdirError(ValueError):
+    """The workdir cannot be created, locked or written (read-only, not a directory, no permission, ...)."""
+
+
 #: The lock file in a workdir (an advisory `flock`, held while a process runs there).
 LOCK = ".lock"
 
+#: The mode of a workdir the run creates: its owner's only.
+WORKDIR_MODE = 0o700
+
+
+def make_workdir(workdir: str) -> None:
+    """Creates `workdir` with mode `WORKDIR_MODE` (missing parents with the default mode); an existing directory
+    keeps its mode, with a warning when other users may enter or list it (the sandbox's agent code could then read
+    the run's rollouts and checkpoints)."""
+    try:
+        os.makedirs(workdir, mode=WORKDIR_MODE)
+        return
+    except FileExistsError:
+        if not os.path.isdir(workdir):
+            raise
+    mode = os.stat(workdir).st_mode & 0o777
+    if mode & 0o007:
+        log.warning(
+            "%s can be read by other users (mode %04o): agent code in the sandbox could read the run's rollouts and "
+            "checkpoints; chmod 700 it (a workdir the run creates is 0700)",
+            workdir,
+            mode,
+        )
+
 
 def lock_workdir(workdir: str) -> IO[str]:
-    """Creates `workdir` if needed and holds its lock for as long as the returned file is open.
+    """Creates `workdir` if needed (`make_workdir`: mode 0700) and holds its lock for as long as the returned file is
+    open.
 
     Two processes never run in one workdir: the second is refused, naming the first's pid. The lock is an `flock`,
     so the operating system frees it when its process ends, however it ends (a killed run leaves no stale lock).
 
     Raises:
       WorkdirInUseError: another process holds the lock.
+      OSError: the workdir cannot be created or its lock file opened (`claim_workdir` turns it into WorkdirError).
     """
-    os.makedirs(workdir, exist_ok=True)
+    make_workdir(workdir)
     f = open(os.path.join(workdir, LOCK), "a+", encoding="utf-8")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -140,7 +173,7 @@ def prepare_workdir(workdir: str, *, resume: bool, restart: bool) -> str | None:
             moved = f"{base}-{n}"
         os.rename(workdir, moved)
         log.warning("moved the previous run in %s to %s", workdir, moved)
-    os.makedirs(workdir, exist_ok=True)
+    make_workdir(workdir)
     return moved
 
 
@@ -161,6 +194,9 @@ def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str] | Fol
     In a multi-process job this is a collective: process 0 claims (the lock file names its pid), the others wait
     for it and get a `FollowerLock`, or raise the error process 0 raised (RunExistsError, WorkdirInUseError, ...),
     so no process refuses the run its own job holds.
+
+    Raises:
+      WorkdirError: the workdir cannot be created, locked or moved aside (the reason and the path in one line).
     """
     held: list[IO[str]] = []  # process 0's lock (the open file stays here: only the outcome is broadcast)
     sharding.from_main_process(lambda: held.append(_claim(workdir, resume=resume, restart=restart)))
@@ -171,14 +207,21 @@ def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str] | Fol
 
 
 def _claim(workdir: str, *, resume: bool, restart: bool) -> IO[str]:
-    lock = lock_workdir(workdir)
     try:
-        if prepare_workdir(workdir, resume=resume, restart=restart):
+        lock = lock_workdir(workdir)
+        try:
+            if prepare_workdir(workdir, resume=resume, restart=restart):
+                lock.close()
+                lock = lock_workdir(workdir)
+        except BaseException:
             lock.close()
-            lock = lock_workdir(workdir)
-    except BaseException:
-        lock.close()
-        raise
+            raise
+    except OSError as e:
+        raise WorkdirError(
+            f"cannot use {workdir} as the workdir: {e.strerror or e}"
+            + (f": {e.filename!r}" if e.filename else "")
+            + "; give a --config.workdir this user can write"
+        ) from None
     return lock
 
 
@@ -217,6 +260,23 @@ def rollouts_from(workdir: str, phase: int) -> list[str]:
         index = name.removeprefix("phase_").removesuffix(".jsonl")
         if name == f"phase_{index}.jsonl" and index.isdigit() and int(index) >= phase:
             found.append(os.path.join(directory, name))
+    return found
+
+
+def recorded_evaluations(path: str) -> set[int]:
+    """The phases after which the run's `metrics.jsonl` at `path` records an evaluation (empty when it does not
+    exist; lines cut short by a kill are skipped)."""
+    found: set[int] = set()
+    if not os.path.exists(path):
+        return found
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+                if record["kind"] == "eval":
+                    found.add(int(record["phase"]))
+            except (ValueError, KeyError, TypeError):
+                continue
     return found
 
 
