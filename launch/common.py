@@ -1,19 +1,21 @@
 """What the launchers share: absl flag parsing of `--config=FILE[:PRESET]` / `--config.KEY=VALUE` with clear errors,
-path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), and readable
-logging."""
+path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), readable
+logging, and `run_launcher`: SIGTERM / SIGINT as one line and exit status 128 + the signal's number."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 from configs import ablations, base
+from rltldr_jax.train.stopping import Interrupted, StopSignals
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,3 +134,25 @@ def with_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
         return ensure_pretrained(config, progress=sys.stderr.isatty())
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+
+
+def run_launcher(main: Callable[[list[str]], Any], *, hint: str = "") -> None:
+    """`app.run(main, flags_parser=parse_flags)` with SIGTERM and SIGINT handled from the start (rltldr_jax/train/
+    stopping.py): a `Trainer.run` inside stops at its next safe point with a checkpoint ("stopped by SIGTERM at phase
+    3; checkpoint saved (step 3)"); anywhere else (start-up, pretraining, a second signal) the launcher stops at once
+    ("interrupted by SIGINT"). Either way that is the one line printed, followed by `hint` (e.g. "; resume with
+    --resume"), with no traceback, and the exit status is 128 + the signal's number: 143 for SIGTERM (preemption, a
+    scheduler's time limit), 130 for SIGINT (Ctrl-C)."""
+    with StopSignals(defer=False, quiet_abort=True):
+        try:
+            app.run(main, flags_parser=parse_flags)
+        except Interrupted as e:  # (RunStopped too)
+            _interrupted(e.exit_status, f"{e}{hint}")
+        except KeyboardInterrupt:  # (Python's own SIGINT handler: before this one was installed)
+            _interrupted(130, f"interrupted by SIGINT{hint}")
+
+
+def _interrupted(status: int, line: str) -> None:
+    logging.disable(logging.ERROR)  # what the stopped threads still report at exit would follow the line
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(status)

@@ -23,7 +23,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.common import define_config_flags, quiet_logging, resolve_config, run_launcher  # noqa: E402
 from launch.multihost import base_policy, show_progress, start_distributed  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> None:
 
     try:
         metrics = run_sft(config, progress=show_progress(), restart=_RESTART.value)
-    except (ValueError, FileNotFoundError, NonFiniteError, CheckpointSaveError) as e:
+    except (ValueError, OSError, NonFiniteError, CheckpointSaveError) as e:
         sys.exit(f"error: {e}")
     if not is_main_process():
         return
@@ -78,4 +78,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_launcher(main, hint="; an offline SFT run is not resumable: run it again with --restart")

@@ -12,6 +12,11 @@
 configs/ablations.py; `--config.KEY=VALUE` flags override last. The resolved config is validated: an unknown
 key or an invalid value stops here with a message naming it.
 
+SIGTERM (a scheduler's preemption or time limit) or Ctrl-C stops the run at the next safe point (after the phase
+in progress, or before an evaluation) with a checkpoint and one line, "stopped by SIGTERM at phase 3; checkpoint
+saved (step 3); resume with --resume", exit status 128 + the signal's number (143, 130); a second signal stops at
+once. The resumed run redoes an evaluation the stopped run did not record, and equals an uninterrupted one.
+
 A new run in a workdir that already holds one is refused: `--resume` continues it (from the newest intact
 checkpoint; what the stopped run wrote after it is moved aside or purged from TensorBoard), `--restart` moves it
 to `{workdir}.old-<time>` first. A resumed run logs every config key that changed and refuses changes to what
@@ -32,7 +37,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.common import define_config_flags, quiet_logging, resolve_config, run_launcher  # noqa: E402
 from launch.multihost import base_policy, show_progress, start_distributed  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
@@ -81,16 +86,13 @@ def main(argv: list[str]) -> None:
             allow_config_change=_ALLOW_CHANGE.value,
             progress=show_progress(),
         )
-    except (
-        ValueError,
-        FileNotFoundError,
-    ) as e:  # missing weights, servers, data, a run in the way: what and how to fix
+    except (ValueError, OSError) as e:  # missing weights, servers, data, a run in the way, a workdir: what to fix
         sys.exit(f"error: {e}")
     try:
         trainer.run()
     except NonFiniteError as e:
         sys.exit(f"error: {e}")
-    except CheckpointSaveError as e:
+    except (CheckpointSaveError, OSError) as e:  # a full disk, a workdir made read-only meanwhile, ...
         sys.exit(f"error: {e}; fix it, then continue with --resume")
     if not is_main_process():
         return  # process 0 prints where the outputs are
@@ -118,4 +120,4 @@ def _config_args(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_launcher(main, hint="; resume with --resume")

@@ -1,19 +1,30 @@
 """The training loop end to end on the tiny preset: collection with insights, the update, weight push, logs,
-checkpoints, evaluation, and `--resume` reproducing an uninterrupted run exactly."""
+checkpoints, evaluation, and `--resume` reproducing an uninterrupted run exactly (after a checkpoint, and after
+SIGTERM / SIGINT, which stop at a safe point with a checkpoint; an evaluation the stopped run missed is redone)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
 import pytest
+from helpers import TINY_RUN
 from helpers import tiny_run_config as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import base, sapi
 from rltldr_jax.train.loop import Trainer
+from rltldr_jax.train.resume import lock_workdir
+from rltldr_jax.train.stopping import Interrupted, RunStopped
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Every scalar a phase and an evaluation must log (App. D.1's diagnostics: deconfounded metrics, entropy, clip
 #: fractions, engine-vs-trainer gap, SFT NLL and token counts, parse failures, weight-sync time).
@@ -139,6 +150,105 @@ def test_resume_continues_exactly(uninterrupted, tmp_path):
     np.testing.assert_equal(_drop_times(second), _drop_times(ref_second))  # NaN == NaN (e.g. no-insight Pass@2)
     for a, b in zip(params + opt, ref_params + ref_opt, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _records(workdir: str) -> list[dict]:
+    """metrics.jsonl's records without the wall-clock times."""
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in f]
+
+
+def test_sigterm_stops_at_a_safe_point_and_the_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, caplog):
+    """launch/train.py gets SIGTERM (preemption) during phase 1's update: it finishes the update, writes checkpoint 1
+    (which train.checkpoint_every=2 would not have written), skips the evaluation due after phase 1, says so in one
+    line and exits 143 (was: killed silently, phase lost). The resumed run first redoes the missing evaluation, then
+    trains phase 2 exactly as the uninterrupted run did; resuming the finished run adds nothing (was: a duplicate
+    final evaluation)."""
+    ref_dir, _, ref_params, ref_opt = uninterrupted
+    workdir = str(tmp_path / "run")
+    overrides = {"eval.every": 1, "train.checkpoint_every": 2}  # (free to change on resume: the training is the same)
+    flags = [f"--config.{k}={v}" for k, v in {**TINY_RUN, **overrides}.items()]
+    child = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "launch", "train.py"), "--config=configs/sapi.py:tiny", *flags]
+        + [f"--config.workdir={workdir}", "--config.train.max_phases=2"],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        collected = os.path.join(workdir, "rollouts", "phase_00000.jsonl")  # written before the phase's update
+        deadline = time.time() + 600
+        while not os.path.exists(collected):
+            assert child.poll() is None and time.time() < deadline, child.communicate()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=300)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 143, err
+    said = "stopped by SIGTERM at phase 1; checkpoint saved (step 1); resume with --resume"
+    assert err.strip().splitlines()[-1] == said
+    assert "Traceback" not in err, err
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
+    assert [(r["kind"], r["phase"]) for r in _records(workdir)] == [("phase", 1)]
+
+    config = _config(workdir, 2, overrides)
+    resumed = Trainer(config, resume=True)
+    with caplog.at_level(logging.INFO, logger="rltldr_jax"):
+        resumed.run()
+    assert "the evaluation after phase 1 is not in metrics.jsonl: running it first" in caplog.text
+    records, reference = _records(workdir), _records(ref_dir)  # the reference: phases 1 and 2, then one evaluation
+    assert [(r["kind"], r["phase"]) for r in records] == [("phase", 1), ("eval", 1), ("phase", 2), ("eval", 2)]
+    assert [records[0], records[2], records[3]] == reference
+    for a, b in zip(_host(resumed.params) + _host(resumed.opt_state), ref_params + ref_opt, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rltldr_jax"):
+        Trainer(config, resume=True).run()
+    assert "the run is finished: phase 2" in caplog.text and "nothing to do" in caplog.text
+    assert _records(workdir) == records  # no second final evaluation
+
+
+def test_ctrl_c_stops_after_the_phase_and_twice_stops_at_once(tmp_path, monkeypatch):
+    """SIGINT during a phase's collection: the phase is finished and checkpointed (train.checkpoint_every=2 would
+    not have), then `run` raises RunStopped (exit status 130). Twice during the next phase: it stops at once,
+    Interrupted naming the lost phase, nothing written past checkpoint 1, the workdir released."""
+    workdir = str(tmp_path / "run")
+    config = _config(workdir, 2, {"train.checkpoint_every": 2})
+
+    def collect_with(trainer: Trainer, signals: int) -> None:
+        collect = trainer.collector.collect
+
+        def ctrl_c(tasks, phase):
+            for _ in range(signals):
+                signal.raise_signal(signal.SIGINT)
+            return collect(tasks, phase)
+
+        monkeypatch.setattr(trainer.collector, "collect", ctrl_c)
+
+    trainer = Trainer(config)
+    collect_with(trainer, 1)
+    with pytest.raises(RunStopped, match=r"^stopped by SIGINT at phase 1; checkpoint saved \(step 1\)$") as stopped:
+        trainer.run()
+    assert stopped.value.exit_status == 130
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
+    assert [(r["kind"], r["phase"]) for r in _records(workdir)] == [("phase", 1)]
+
+    resumed = Trainer(config, resume=True)
+    assert resumed.phase == 1
+    collect_with(resumed, 2)
+    with pytest.raises(Interrupted, match=r"^stopped at once by a second SIGINT during phase 2, which is lost$") as e:
+        resumed.run()
+    assert not isinstance(e.value, RunStopped) and e.value.exit_status == 130
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
+    assert [(r["kind"], r["phase"]) for r in _records(workdir)] == [("phase", 1)]
+    assert not os.path.exists(os.path.join(workdir, "rollouts", "phase_00001.jsonl"))
+    lock_workdir(workdir).close()  # run() closed the trainer
 
 
 def test_concurrent_attempt_chains_through_the_trainer(tmp_path):

@@ -11,6 +11,9 @@ the engine with version = phase + 1. TensorBoard gets the deconfounded metrics w
 as x-axis (and tokens / walltime variants); checkpoints hold params, optimizer state, RNG, the task cursor and
 the counters, so `resume=True` continues where the run stopped (train/resume.py: a fresh run never reuses a
 workdir that holds one, changed config keys are logged and checked, what a killed phase left is moved aside).
+`run()` stops at the next safe point (before a phase or an evaluation) on SIGTERM / SIGINT, with a checkpoint of the
+phases done (train/stopping.py); a resumed `run()` first redoes an evaluation due at the restored phase that
+`metrics.jsonl` does not hold (a kill or a stop came before or during it), and does nothing for a finished run.
 
 Each phase and evaluation logs one short line (train/report.py) through this module's logger at INFO (a caller
 running many Trainers silences them with `logging.getLogger("rltldr_jax.train.loop").setLevel(logging.WARNING)`)
@@ -63,14 +66,21 @@ from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
 from rltldr_jax.engines.factory import EngineConfig, close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
-from rltldr_jax.sharding import MeshConfig, OnMainProcess, from_main_process, is_main_process
+from rltldr_jax.sharding import MeshConfig, OnMainProcess, from_main_process, gather_objects, is_main_process
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import Example, ExampleConfig, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
-from rltldr_jax.train.resume import check_config_changes, claim_workdir, move_aside, rollouts_from
+from rltldr_jax.train.resume import (
+    check_config_changes,
+    claim_workdir,
+    move_aside,
+    recorded_evaluations,
+    rollouts_from,
+)
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_from_config
+from rltldr_jax.train.stopping import Interrupted, RunStopped, StopSignals, signal_name
 from rltldr_jax.train.summary import SummaryWriter
 
 log = logging.getLogger(__name__)
@@ -220,26 +230,93 @@ class Trainer:
     def run(self) -> None:
         """Phases until the budget is spent (evaluating every `eval.every` phases); a run always ends with an
         evaluation and a checkpoint of its last phase. With `train.overlap_phases` each phase's update overlaps the
-        next phase's collection (module docstring)."""
+        next phase's collection (module docstring).
+
+        A resumed run first redoes an evaluation due at the restored phase that `metrics.jsonl` does not hold (the
+        stopped run was killed or stopped before or during it); a finished run does nothing and says so.
+
+        Raises:
+          RunStopped: SIGTERM or SIGINT arrived (in the main thread): the run stopped at the next safe point (before
+            a phase or an evaluation) with a checkpoint of the phases done; a second signal raises `Interrupted` at
+            once (train/stopping.py).
+        """
         try:
-            every = self.config.eval.every
-            overlap = bool(self.config.train.get("overlap_phases", False))
-            evaluated = -1
-            while not self.done():
+            with StopSignals(defer=True) as signals:
+                self._run(signals)
+        finally:
+            self.close()
+
+    def _run(self, signals: StopSignals) -> None:
+        overlap = bool(self.config.train.get("overlap_phases", False))
+        evaluated = self.phase if self.phase and self._evaluation_recorded(self.phase) else -1
+        if self.done() and evaluated == self.phase and self.checkpoints.latest_step() == self.phase:
+            t = self.config.train
+            log.info(
+                "the run is finished: phase %d, %d environment steps (train.max_phases=%d, train.env_step_budget=%d), "
+                "evaluated and checkpointed; nothing to do (raise either to continue it)",
+                self.phase,
+                self.env_steps,
+                t.max_phases,
+                t.env_step_budget,
+            )
+        elif self.phase and evaluated != self.phase and self._evaluation_due(self.phase):
+            log.info("the evaluation after phase %d is not in metrics.jsonl: running it first", self.phase)
+        doing = ""
+        try:
+            while True:
+                if self.phase and evaluated != self.phase and self._evaluation_due(self.phase):
+                    self._stop_point(signals)
+                    doing = f"the evaluation after phase {self.phase} (a resumed run redoes it)"
+                    self.evaluate()
+                    evaluated = self.phase
+                if self.done():
+                    break
+                self._stop_point(signals)
+                doing = f"phase {self.phase + 1}, which is lost"
                 if overlap:
                     self._overlapped_phase()
                 else:
                     self.run_phase()
-                if every and self.phase % every == 0:
-                    self.evaluate()
-                    evaluated = self.phase
-            if evaluated != self.phase:
-                self.evaluate()
+            doing = f"the checkpoint of phase {self.phase}"
             self.checkpoints.wait_until_finished()  # (a save in flight is not listed yet)
             if self.phase and self.checkpoints.latest_step() != self.phase:
                 self.save()
-        finally:
-            self.close()
+            if signals.requested:
+                log.info("the run finished before its next safe point: nothing left to stop")
+        except Interrupted as e:
+            if isinstance(e, RunStopped):
+                raise
+            raise Interrupted(
+                e.signum,
+                f"stopped at once by a second {signal_name(e.signum)} during {doing}",
+            ) from None
+
+    def _evaluation_due(self, phase: int) -> bool:
+        """Whether `run` evaluates after `phase` (every `eval.every` phases, and at the end)."""
+        every = self.config.eval.every
+        return bool(every and phase % every == 0) or self._done_at(phase, self.env_steps)
+
+    def _evaluation_recorded(self, phase: int) -> bool:
+        """Whether `metrics.jsonl` holds an evaluation after `phase` (process 0 reads it; every process gets it)."""
+        return from_main_process(lambda: phase in recorded_evaluations(self.metrics_log.path))
+
+    def _stop_point(self, signals: StopSignals) -> None:
+        """A safe point of `run` (before a phase or an evaluation): if SIGTERM or SIGINT arrived (on any process of
+        a multi-process job: every process stops at the same point), the next phase's background collection is
+        cancelled, a checkpoint of the phases done is written (unless it already was) and RunStopped is raised."""
+        signum = signals.requested
+        if jax.process_count() > 1:
+            signum = max(s or 0 for s in gather_objects(signum)) or None
+        if signum is None:
+            return
+        self._discard_prefetch()  # its tasks go back to the cursor: the resumed run collects that phase again
+        self.checkpoints.wait_until_finished()
+        if self.checkpoints.latest_step() != self.phase:
+            self.save()
+            self.checkpoints.wait_until_finished()
+        raise RunStopped(
+            signum, f"stopped by {signal_name(signum)} at phase {self.phase}; checkpoint saved (step {self.phase})"
+        )
 
     def run_phase(self) -> dict[str, float]:
         """One collection + update phase, collected synchronously (also under `train.overlap_phases`: only `run`
