@@ -34,7 +34,7 @@ sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not 
 from ml_collections import config_flags  # noqa: E402
 
 from configs import base  # noqa: E402
-from launch.common import define_path, parse_flags, quiet_logging  # noqa: E402
+from launch.common import define_path, quiet_logging, run_launcher  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -124,4 +124,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_launcher(main, hint="; rerun the same command to resume the grid")
