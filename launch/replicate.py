@@ -10,8 +10,14 @@ and grids with the same pretraining settings share it), check the
 base policy before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks must be 0; insight-conditioned
 success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`) as an ordinary `Trainer` run in
 `{out}/runs/{arm}-s{seed}`. Runs are resumable: a finished run is skipped, a stopped one continues from its last
-checkpoint, so rerunning the command only does what is missing. `sftldr` trains offline on the saved rollouts of
-the same seed's `rltldr` run (which is added to the grid if missing).
+checkpoint, so rerunning the command only does what is missing. A finished run trained with other settings (a
+changed `--config.KEY`, another base policy) is never reused: the command refuses, naming the runs and the keys
+that differ; `--restart` redoes those runs (each old one moved to `{workdir}.old-<time>`). `sftldr` trains offline
+on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing).
+
+Launchers may share one `--out` (e.g. disjoint `--arms` side by side): a run, base policy or base check another
+launcher is making is waited for (one line says so), never made twice, and each launcher writes the report from
+every finished run in `--out`, so the last one to finish leaves the complete table.
 
 Writes to `--out` (default `runs/replicate`, `runs/replicate-{preset}` for the other presets):
 results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
@@ -48,6 +54,12 @@ _ARMS = flags.DEFINE_string(
 _SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
 _OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
+_RESTART = flags.DEFINE_bool(
+    "restart",
+    False,
+    "Redo the finished runs (and base checks) made with other settings than asked for, each old run moved to "
+    "{workdir}.old-<time>; without it the command refuses them. Runs made with these settings are kept.",
+)
 
 
 def _grid_module(filename: str):
@@ -106,17 +118,22 @@ def main(argv: list[str]) -> None:
     if not _VERBOSE.value:
         for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    from rltldr_jax.replication.driver import run_replication
+    from rltldr_jax.replication.driver import GridError, run_replication
 
     interactive = sys.stderr.isatty()
-    paths = run_replication(
-        configs,
-        out,
-        title=f"Small-scale replication ({preset})",
-        checks=getattr(grid, "CHECKS", {}).get(preset),
-        progress=interactive,
-        echo=print,
-    )
+    try:
+        paths = run_replication(
+            configs,
+            out,
+            title=f"Small-scale replication ({preset})",
+            checks=getattr(grid, "CHECKS", {}).get(preset),
+            order=list(grid.ARMS),
+            restart=_RESTART.value,
+            progress=interactive,
+            echo=lambda line: print(line, flush=True),
+        )
+    except GridError as e:
+        sys.exit(f"error: {e}")
     print(f"\nresults in {out}:")
     for p in paths:
         print(f"  {p}")

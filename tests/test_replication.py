@@ -165,6 +165,247 @@ def test_a_second_run_only_reads_what_is_there(smoke_grid):
     assert any("grpo seed 0" in line for line in lines)
 
 
+def _smoke_configs(out, arms, **overrides):
+    """The smoke preset's configs of `arms` (seed 0), pretrained in the smoke grid's cache under `out`."""
+    extra = {"pretrain.cache_dir": os.path.join(out, "pretrained"), **overrides}
+    return {(arm, 0): replicate.arm_config("smoke", arm, 0, extra) for arm in arms}
+
+
+def _rows(out):
+    with open(os.path.join(out, "results.csv")) as f:
+        return [(r["arm"], int(r["seed"]), r["workdir"]) for r in csv.DictReader(f)]
+
+
+def _copy_grid(out, to):
+    """A copy of a finished grid directory (its runs and base checks; the pretrained policy stays in `out`)."""
+    import shutil
+
+    shutil.copytree(out, to, ignore=shutil.ignore_patterns("pretrained"))
+    return str(to)
+
+
+def test_the_report_holds_every_finished_run_in_out(smoke_grid):
+    """Launchers with disjoint --arms on one --out (the README's way to run arms side by side): each writes the
+    report from every finished run there, so the last one to finish leaves the complete table; an arm that shared
+    another's run keeps its row. Each report file is replaced whole (a new file moved into place)."""
+    from rltldr_jax.replication.driver import run_replication
+
+    out, _, _ = smoke_grid
+    # lambda_0.03 equals rltldr (λ = 0.03): it shares rltldr's finished run
+    lines: list[str] = []
+    run_replication(
+        _smoke_configs(out, ("rltldr", "lambda_0.03")), out, checks=replicate.CHECKS["smoke"], echo=lines.append
+    )
+    assert any(line.startswith("lambda_0.03 (= rltldr) seed 0: no-insight Pass@1") for line in lines)
+    files = {name: os.stat(os.path.join(out, name)).st_ino for name in ("results.csv", "results.md", "curves.png")}
+    run_replication(_smoke_configs(out, ("grpo",)), out, checks=replicate.CHECKS["smoke"], echo=lines.append)
+    expected = [
+        ("grpo", 0, "runs/grpo-s0"),
+        ("rltldr", 0, "runs/rltldr-s0"),
+        ("lambda_0.03", 0, "runs/rltldr-s0"),
+        ("uninformative_insights", 0, "runs/uninformative_insights-s0"),
+        ("sftldr", 0, "runs/sftldr-s0"),
+    ]
+    assert sorted(_rows(out)) == sorted(expected)
+    md = open(os.path.join(out, "results.md")).read()
+    for arm in ("grpo", "rltldr", "lambda_0.03", "uninformative_insights", "sftldr"):
+        assert f"| {arm} | 1 |" in md, arm
+    assert all(os.stat(os.path.join(out, name)).st_ino != inode for name, inode in files.items())
+    assert not [name for name in os.listdir(out) if ".tmp" in name]
+    # the launcher orders the rows by configs/replicate.py ARMS, whoever ran them
+    run_replication(
+        _smoke_configs(out, ("grpo",)),
+        out,
+        checks=replicate.CHECKS["smoke"],
+        order=list(replicate.ARMS),
+        echo=lines.append,
+    )
+    assert _rows(out) == expected
+
+
+def test_a_run_made_with_other_settings_is_refused(smoke_grid):
+    """Rerunning a finished grid with a changed training setting does not report the old runs as if they were the
+    new ones: nothing runs, and the error names the run, the key that differs and the fix."""
+    from rltldr_jax.replication.driver import run_replication
+
+    out, _, _ = smoke_grid
+    summary = os.path.join(out, "runs", "grpo-s0", "summary.json")
+    stamp = os.path.getmtime(summary)
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match=r"grpo-s0.*optim\.learning_rate: 0\.001 -> 0\.002.*--restart") as e:
+        run_replication(
+            _smoke_configs(out, ("grpo", "rltldr"), **{"optim.learning_rate": 0.002}),
+            out,
+            checks=replicate.CHECKS["smoke"],
+            echo=lines.append,
+        )
+    assert type(e.value).__name__ == "GridError" and "\n" not in str(e.value)
+    assert "rltldr-s0" in str(e.value)  # every run that differs is named
+    assert os.path.getmtime(summary) == stamp and lines == []  # refused before anything ran
+
+
+def test_a_grid_with_another_base_policy_is_refused(smoke_grid):
+    """Changed pretraining settings mean another base policy: the finished runs and the seed's base checks (made on
+    the old one) are refused before anything is pretrained."""
+    from rltldr_jax.replication.driver import run_replication
+    from rltldr_jax.train.pretrain import pretrained_dir
+
+    out, _, _ = smoke_grid
+    configs = _smoke_configs(out, ("grpo",), **{"pretrain.steps": 5})
+    with pytest.raises(RuntimeError) as e:
+        run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=print)
+    message = str(e.value)
+    assert "grpo-s0 (model.checkpoint: " in message and "pretrain.steps: 4 -> 5" in message, message
+    assert "the base checks of seed 0 (base policy " in message and "--restart" in message, message
+    assert not os.path.exists(pretrained_dir(configs[("grpo", 0)]))
+
+
+def test_the_launcher_refuses_a_changed_grid_in_one_line(smoke_grid):
+    import subprocess
+    import sys
+
+    out, _, _ = smoke_grid
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(repo, "launch", "replicate.py"),
+            "--config=" + os.path.join(repo, "configs", "replicate.py:smoke"),
+            "--arms=grpo",
+            f"--out={out}",
+            f"--config.pretrain.cache_dir={os.path.join(out, 'pretrained')}",
+            "--config.loss.lam=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: grpo-s0: the finished run in ") and "loss.lam: 0.0 -> 0.5" in line, line
+    assert "--restart" in line
+
+
+def test_old_summaries_are_compared_by_digest_then_by_checkpoint(smoke_grid):
+    """A summary written before summaries recorded their config: compared by its digest, and when that differs
+    (e.g. the code has new config keys since) by the config saved with the run's checkpoint."""
+    from rltldr_jax.replication.grid import config_digest, plan_runs, stale_reason
+
+    out, _, _ = smoke_grid
+    (run,) = plan_runs(_smoke_configs(out, ("grpo",)), out)
+    (changed,) = plan_runs(_smoke_configs(out, ("grpo",), **{"loss.lam": 0.5}), out)
+    run.config.model.checkpoint = changed.config.model.checkpoint = json.load(
+        open(os.path.join(out, "runs", "grpo-s0", "summary.json"))
+    )["config"]["model"]["checkpoint"]
+    old = {"arm": "grpo", "seed": 0, "digest": config_digest(run.config)}
+    assert stale_reason(run, old) is None
+    assert stale_reason(changed, old) == "loss.lam: 0.0 -> 0.5"  # (read from the checkpoint)
+    assert stale_reason(run, {**old, "digest": "0123456789ab"}) is None  # digests differ, the checkpoint agrees
+
+
+def test_restart_redoes_a_changed_run_and_moves_the_old_one_aside(smoke_grid, tmp_path):
+    from rltldr_jax.replication.driver import run_replication
+
+    out = _copy_grid(smoke_grid[0], tmp_path / "grid")
+    configs = _smoke_configs(smoke_grid[0], ("grpo",), **{"optim.learning_rate": 0.002})
+    lines: list[str] = []
+    run_replication(configs, out, checks=replicate.CHECKS["smoke"], restart=True, echo=lines.append)
+    (old,) = [name for name in os.listdir(os.path.join(out, "runs")) if name.startswith("grpo-s0.old-")]
+    assert json.load(open(os.path.join(out, "runs", old, "summary.json")))["config"]["optim"]["learning_rate"] == 1e-3
+    new = json.load(open(os.path.join(out, "runs", "grpo-s0", "summary.json")))
+    assert new["config"]["optim"]["learning_rate"] == 0.002
+    assert [(arm, workdir) for arm, _, workdir in _rows(out)][0] == ("grpo", "runs/grpo-s0")  # (not the old one)
+    assert {arm for arm, _, _ in _rows(out)} >= {"grpo", "rltldr", "uninformative_insights", "sftldr"}
+    # then it is a run made with these settings: a rerun reads it
+    stamp = os.path.getmtime(os.path.join(out, "runs", "grpo-s0", "summary.json"))
+    run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
+    assert os.path.getmtime(os.path.join(out, "runs", "grpo-s0", "summary.json")) == stamp
+
+
+def test_a_run_another_launcher_is_running_is_waited_for(smoke_grid, tmp_path):
+    """The same arm launched twice: the second launcher finds the run's workdir locked by the first, says so in one
+    line, waits, then reads the first one's result (no traceback, no run trained twice, no table left out)."""
+    import threading
+    import time
+
+    from rltldr_jax.replication.driver import run_replication
+    from rltldr_jax.train.resume import lock_workdir
+
+    out = _copy_grid(smoke_grid[0], tmp_path / "grid")
+    workdir = os.path.join(out, "runs", "grpo-s0")
+    summary = os.path.join(workdir, "summary.json")
+    os.rename(summary, tmp_path / "summary.json")  # the other launcher is still running grpo-s0
+    lock = lock_workdir(workdir)
+    lines: list[str] = []
+    result: dict = {}
+
+    def second_launcher():
+        try:
+            result["paths"] = run_replication(
+                _smoke_configs(smoke_grid[0], ("grpo",)), out, checks=replicate.CHECKS["smoke"], echo=lines.append
+            )
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            result["error"] = e
+
+    thread = threading.Thread(target=second_launcher)
+    thread.start()
+    waiting = f"grpo seed 0: in use by another process (pid {os.getpid()}): waiting for it to end"
+    try:
+        deadline = time.time() + 300
+        while waiting not in lines and thread.is_alive() and time.time() < deadline:
+            time.sleep(0.2)
+        assert waiting in lines, (lines, result)
+        time.sleep(3 * 2.0)  # (it goes on waiting)
+        assert thread.is_alive() and not os.path.exists(summary)
+    finally:
+        os.rename(tmp_path / "summary.json", summary)  # the first launcher finishes the run
+        lock.close()
+        thread.join(300)
+    assert "error" not in result, result
+    assert lines.count(waiting) == 1
+    assert sum(line.startswith("grpo seed 0: no-insight Pass@1") for line in lines) == 1
+    arms = [arm for arm, _, _ in _rows(out)]
+    assert set(arms) >= {"grpo", "rltldr", "sftldr", "uninformative_insights"} and len(arms) == len(set(arms))
+    assert not [name for name in os.listdir(os.path.join(out, "runs")) if ".old-" in name]  # nothing redone
+
+
+@pytest.mark.slow
+def test_two_launchers_share_one_grid(tmp_path):
+    """Two real launchers on one --out, started together, with one arm in common (rltldr) and one each of their own:
+    the base policy and rltldr are made once (the other launcher waits, saying so), both exit 0 without a traceback,
+    and the report holds the three arms (~10 minutes on 2 cores)."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / "grid")
+    launcher = [
+        sys.executable,
+        os.path.join(repo, "launch", "replicate.py"),
+        "--config=" + os.path.join(repo, "configs", "replicate.py:smoke"),
+        f"--out={out}",
+        f"--config.pretrain.cache_dir={tmp_path / 'pretrained'}",
+    ]
+    procs = [
+        subprocess.Popen(launcher + [arms], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        for arms in ("--arms=grpo,rltldr", "--arms=rltldr,uninformative_insights")
+    ]
+    outputs = [p.communicate(timeout=1800) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0 and "Traceback" not in stderr, stdout[-3000:] + stderr[-3000:]
+    said = "\n".join(stdout for stdout, _ in outputs)
+    assert "in use by another process" in said and "waiting for it to end" in said
+    assert sum(line.startswith("rltldr seed 0: no-insight Pass@1") for line in said.splitlines()) == 2
+    assert _rows(out) == [
+        ("grpo", 0, "runs/grpo-s0"),
+        ("rltldr", 0, "runs/rltldr-s0"),
+        ("uninformative_insights", 0, "runs/uninformative_insights-s0"),
+    ]
+    assert sorted(os.listdir(os.path.join(out, "runs"))) == ["grpo-s0", "rltldr-s0", "uninformative_insights-s0"]
+    phases = [json.loads(line) for line in open(os.path.join(out, "runs", "rltldr-s0", "metrics.jsonl"))]
+    assert len([r for r in phases if r["kind"] == "phase"]) == 1  # trained once (the smoke budget is one phase)
+
+
 def test_pretraining_is_cached_and_loads_as_a_checkpoint(smoke_grid):
     from rltldr_jax.models import load_pretrained
     from rltldr_jax.train.pretrain import pretrain, pretrained_dir

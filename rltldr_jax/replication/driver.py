@@ -8,13 +8,22 @@ reported at the end while the others go on.
 
 Per seed: the pretrained policy (`train.pretrain`, cached; an arm with other pretraining settings gets its own), the
 base checks of the first arm's policy (`replication.checks`, cached in `{out}/base/s{seed}/checks.json`), then
-every run of the grid (`replication.grid`, resumable), then the report
-(`replication.report`).
+every run of the grid (`replication.grid`, resumable), then the report (`replication.report`) of every finished run
+in `out`, whichever launcher ran it.
+
+Several launchers may share one `out` (e.g. disjoint arms side by side): each piece is done once, under a lock
+(`train.resume.lock_workdir` of a run's workdir, or of a directory in `{out}/locks/`): a launcher that finds a
+seed's base policy or a run being made by another process says so in one line and waits for it, then reads its
+result. The last launcher to finish writes the complete report (each report file is replaced whole, never seen
+half-written). Nothing finished is reused when it was made with other settings than asked for: the grid is refused
+before anything runs, naming the runs and what differs, or with `restart=True` (`--restart`) those runs are moved
+aside and redone.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import inspect
 import json
@@ -24,8 +33,8 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any
 
 import ml_collections
 import numpy as np
@@ -33,9 +42,29 @@ import numpy as np
 from rltldr_jax.agent.collector import PhaseResult
 from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, write_curves
 from rltldr_jax.replication.checks import base_checks
-from rltldr_jax.replication.grid import plan_runs, run_one
-from rltldr_jax.replication.report import write_results
+from rltldr_jax.replication.grid import (
+    Run,
+    finished_runs,
+    plan_runs,
+    read_summary,
+    record_shared,
+    run_one,
+    stale_message,
+    stale_reason,
+)
+from rltldr_jax.replication.report import replaced, write_results
 from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
+from rltldr_jax.train.resume import LOCK, WorkdirInUseError, lock_workdir
+
+#: Seconds between two looks at a lock another process holds.
+WAIT_POLL_S = 2.0
+#: `{out}/locks/`: the directories whose locks (`lock_workdir`) launchers sharing a grid take for its shared pieces,
+#: `s{seed}` (a seed's base policies and checks) and `report`; a run's lock is its workdir's.
+LOCKS = "locks"
+
+
+class GridError(RuntimeError):
+    """The grid was refused (runs made with other settings) or some of its runs failed: one line says which."""
 
 
 def _pct(x: float) -> str:
@@ -104,19 +133,83 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler).result()
 
 
+def _holder(directory: str) -> str:
+    """The pid of the process holding `directory`'s lock as its lock file says, as `" (pid N)"` ("" if none)."""
+    try:
+        with open(os.path.join(directory, LOCK), encoding="utf-8") as f:
+            pid = f.read().strip()
+    except OSError:
+        pid = ""
+    return f" (pid {pid})" if pid else ""
+
+
+def wait_for_lock(directory: str, what: str, echo: Callable[[str], None]) -> IO[str]:
+    """`lock_workdir(directory)`; while another process holds the lock (another launcher on the same grid), says so
+    in one line naming `what` and waits for it. Returns the held lock (close it to release)."""
+    said = False
+    while True:
+        try:
+            return lock_workdir(directory)
+        except WorkdirInUseError:
+            if not said:
+                echo(f"{what}: in use by another process{_holder(directory)}: waiting for it to end")
+                said = True
+            time.sleep(WAIT_POLL_S)
+
+
+@contextlib.contextmanager
+def held(directory: str, what: str, echo: Callable[[str], None]) -> Iterator[None]:
+    """Holds `directory`'s lock for the block (`wait_for_lock`)."""
+    lock = wait_for_lock(directory, what, echo)
+    try:
+        yield
+    finally:
+        lock.close()
+
+
 def base_policy(config: ml_collections.ConfigDict, *, progress: bool = False) -> str:
     """The pretrained checkpoint of `config`: cached, shipped with the package (`pretrain.shipped`), or pretrained
     now in a fresh process."""
     return find_pretrained(config) or isolated(pretrain, config, progress=progress)
 
 
+#: What `seed_checks` writes in its directory (moved aside together when the checks are redone).
+CHECKS_FILES = ("checks.json", "insight_curves.csv", "insight_curves_attempts.csv", "insight_curves.png")
+
+
+def checks_stale(out: str, config: ml_collections.ConfigDict, sizes: Mapping[str, int]) -> str | None:
+    """Why the base checks saved in `out` are not those of `config`'s base policy at these `sizes` (None if they
+    are, or if there are none)."""
+    path = os.path.join(out, "checks.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if saved.get("checkpoint") != config.model.checkpoint:
+        return f"base policy {saved.get('checkpoint')!r} -> {config.model.checkpoint!r}"
+    if "sizes" in saved and saved["sizes"] != dict(sizes):
+        return f"check sizes {saved['sizes']} -> {dict(sizes)}"
+    return None
+
+
 def seed_checks(
-    config: ml_collections.ConfigDict, out: str, *, progress: bool = False, **sizes: int
+    config: ml_collections.ConfigDict, out: str, *, progress: bool = False, restart: bool = False, **sizes: int
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The base checks of one seed's pretrained policy (computed once, then read from `{out}/checks.json`);
-    returns (checks, Pass@k curve per mode). `sizes` go to `base_checks` (iid_samples, num_tasks)."""
+    returns (checks, Pass@k curve per mode). `sizes` go to `base_checks` (iid_samples, num_tasks). Checks saved
+    for another base policy (`checks_stale`) are refused (GridError), or with `restart` moved aside and redone."""
     path = os.path.join(out, "checks.json")
-    if os.path.isfile(path):
+    why = checks_stale(out, config, sizes)
+    if why is not None:
+        if not restart:
+            raise GridError(
+                f"{path} holds the checks of another base policy ({why}): rerun with --restart to redo them (the "
+                "old ones move to a discarded-<time> directory), or give another --out"
+            )
+        from rltldr_jax.train.resume import move_aside
+
+        move_aside(out, [os.path.join(out, name) for name in CHECKS_FILES], f"base checks ({why})")
+    elif os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
         return saved["checks"], saved["curves"]
@@ -129,12 +222,31 @@ def seed_checks(
         "curves": {m: [float(x) for x in r.pass_at_k] for m, r in curves.items()},
         "n_tasks": {m: r.n_tasks for m, r in curves.items()},
         "checkpoint": config.model.checkpoint,
+        "sizes": dict(sizes),
     }
     os.makedirs(out, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(saved, f, indent=1)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
     return checks, saved["curves"]
+
+
+def saved_checks(out: str) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, list[float]]], int | None]:
+    """Every seed's base checks saved under `{out}/base/s{seed}` (whichever launcher made them): (checks per seed,
+    Pass@k curves per seed, the fewest tasks a curve was measured on, or None when no file says)."""
+    checks: dict[int, dict[str, float]] = {}
+    curves: dict[int, dict[str, list[float]]] = {}
+    n_tasks: list[int] = []
+    directory = os.path.join(out, "base")
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        path = os.path.join(directory, name, "checks.json")
+        if name[:1] == "s" and name[1:].isdigit() and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+            checks[int(name[1:])], curves[int(name[1:])] = saved["checks"], saved["curves"]
+            n_tasks += list(saved.get("n_tasks", {}).values())
+    return dict(sorted(checks.items())), dict(sorted(curves.items())), min(n_tasks) if n_tasks else None
 
 
 def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -> dict[str, CurveResult]:
@@ -149,69 +261,174 @@ def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -
     return out
 
 
+def _resolve_base_policies(
+    configs: dict[tuple[str, int], ml_collections.ConfigDict],
+) -> dict[tuple[str, int], ml_collections.ConfigDict]:
+    """`configs` with `model.checkpoint` set where the arm pretrains: the cached or shipped policy, else where
+    pretraining will put it (`pretrained_dir`). Arms that pretrain alike share one lookup."""
+    found: dict[str, str] = {}  # pretraining directory -> checkpoint
+    out = {}
+    for k, c in configs.items():
+        if c.pretrain.steps > 0 and not c.model.checkpoint:
+            key = pretrained_dir(c)
+            if key not in found:
+                found[key] = find_pretrained(c) or key
+            c = copy.deepcopy(c)
+            c.model.checkpoint = found[key]
+        out[k] = c
+    return out
+
+
+def refuse_stale(
+    runs: Sequence[Run], checks_of: Mapping[int, ml_collections.ConfigDict], out: str, sizes: Mapping[str, int]
+) -> None:
+    """Raises GridError (one line) when `out` holds finished runs, or base checks, made with other settings than the
+    grid asks for: naming each, what differs, and the fix."""
+    stale: list[tuple[Run | None, str, str]] = []  # (run, what, why)
+    for run in runs:
+        done = None if run.shared_with else read_summary(run.workdir)
+        why = stale_reason(run, done) if done is not None else None
+        if why is not None:
+            stale.append((run, run.name, why))
+    for seed, config in checks_of.items():
+        why = checks_stale(os.path.join(out, "base", f"s{seed}"), config, sizes)
+        if why is not None:
+            stale.append((None, f"the base checks of seed {seed}", why))
+    if len(stale) == 1 and stale[0][0] is not None:
+        raise GridError(stale_message(stale[0][0], stale[0][2]))
+    if stale:
+        raise GridError(
+            f"{out} holds results made with other settings than asked for: "
+            + "; ".join(f"{what} ({why})" for _, what, why in stale)
+            + ": rerun with --restart to redo them (each old run moves to <its directory>.old-<time>), restore those "
+            "settings, or give another --out"
+        )
+
+
+def _run(run: Run, *, restart: bool, progress: bool, echo: Callable[[str], None]) -> dict[str, Any]:
+    """`run_one(run)`, in a fresh process when it trains; while another process runs it (another launcher on the
+    same grid), says so in one line, waits for it, then goes on (reading its result, or resuming it if it
+    stopped)."""
+    waited = False
+    while True:
+        done = read_summary(run.workdir)
+        if run.shared_with or (done is not None and stale_reason(run, done) is None):
+            return run_one(run)  # reads a finished run: nothing to isolate
+        if not waited:  # (the run's own lock: its Trainer takes it, so it is only waited for here)
+            wait_for_lock(run.workdir, f"{run.arm} seed {run.seed}", echo).close()
+            waited = True
+            continue  # what did the other process leave?
+        try:
+            return isolated(run_one, run, restart=restart, progress=progress)
+        except WorkdirInUseError:  # taken between the wait and the run's start
+            waited = False
+
+
+def write_report(
+    out: str,
+    *,
+    order: Sequence[str] = (),
+    title: str = "",
+    n_tasks: int | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[str]:
+    """results.csv, results.md, curves.png and insight_curves.png from every finished run and base check in `out`
+    (`grid.finished_runs`, `saved_checks`), whichever launcher made them; returns the paths written (none when no
+    run has finished: an existing report is kept). Launchers sharing `out` write one at a time, each file replaced
+    whole."""
+    with held(os.path.join(out, LOCKS, "report"), "the report", echo):
+        summaries = finished_runs(out, order)
+        if not summaries:
+            echo(f"no finished run in {out} yet: no report written")
+            return []
+        base, curves, saved_n = saved_checks(out)
+        paths = write_results(summaries, base, out, title=title)
+        n = saved_n or n_tasks or inspect.signature(base_checks).parameters["num_tasks"].default
+        paths.append(
+            replaced(os.path.join(out, "insight_curves.png"), lambda p: plot_curves(mean_curves(curves, n), p))
+        )
+    return paths
+
+
 def run_replication(
     configs: Mapping[tuple[str, int], ml_collections.ConfigDict],
     out: str,
     *,
     title: str = "",
     checks: Mapping[str, int] | None = None,
+    order: Sequence[str] = (),
+    restart: bool = False,
     progress: bool = False,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
-    """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report; returns the
-    paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks). Every step is cached or
-    resumable, so a second call only does what is missing."""
-    configs = dict(configs)
+    """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report of every finished
+    run there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks);
+    `order` is the arms' order in the report (default: `configs`' order). Every step is cached or resumable, so a
+    second call only does what is missing; other launchers may share `out` (module docstring).
+
+    Raises:
+      GridError: `out` holds runs or base checks made with other settings (before anything runs; `restart=True`
+        redoes them instead), or some runs failed (after the others ran and the report was written).
+    """
+    sizes = dict(checks or {})
+    configs = _resolve_base_policies(dict(configs))
     seeds = sorted({s for _, s in configs})
+    keys = {seed: [k for k in configs if k[1] == seed] for seed in seeds}
+    runs = plan_runs(configs, out)
+    if not restart:
+        refuse_stale(runs, {seed: configs[keys[seed][0]] for seed in seeds}, out, sizes)
     base: dict[int, dict[str, float]] = {}
-    curves: dict[int, dict[str, list[float]]] = {}
     t0 = time.time()
     for seed in seeds:
-        keys = [k for k in configs if k[1] == seed]
         t = time.time()
-        found: dict[str, str] = {}  # pretraining directory -> checkpoint: arms that pretrain alike share one lookup
-        for k in keys:
-            c = configs[k]
-            if c.pretrain.steps > 0 and not c.model.checkpoint:
-                key = pretrained_dir(c)
-                if key not in found:
-                    found[key] = base_policy(c, progress=progress)
-                configs[k] = copy.deepcopy(c)
-                configs[k].model.checkpoint = found[key]
-        pretrained = configs[keys[0]]
-        others = sorted({configs[k].model.checkpoint for k in keys} - {pretrained.model.checkpoint})
-        echo(
-            f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
-            + (f"; arms with other pretraining settings: {', '.join(others)}" if others else "")
-        )
-        t = time.time()
-        found, seed_curves = isolated(
-            seed_checks, pretrained, os.path.join(out, "base", f"s{seed}"), progress=progress, **dict(checks or {})
-        )
-        base[seed], curves[seed] = found, seed_curves
-        echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(found)}")
-    runs = plan_runs(configs, out)
+        pretrained = configs[keys[seed][0]]
+        # One launcher at a time pretrains a seed's policies and checks them; another waits, then reads them.
+        with held(os.path.join(out, LOCKS, f"s{seed}"), f"seed {seed}: the base policy and its checks", echo):
+            missing = {}
+            for k in keys[seed]:
+                c = configs[k]
+                if c.pretrain.steps > 0 and not os.path.isfile(os.path.join(c.model.checkpoint, "pretrain.json")):
+                    missing.setdefault(c.model.checkpoint, c)
+            for path, c in missing.items():
+                made = isolated(pretrain, c, progress=progress)
+                if made != path:
+                    raise RuntimeError(f"pretraining wrote {made}, not {path}")
+            others = sorted({configs[k].model.checkpoint for k in keys[seed]} - {pretrained.model.checkpoint})
+            echo(
+                f"seed {seed}: base policy {pretrained.model.checkpoint} ({time.time() - t:.0f} s)"
+                + (f"; arms with other pretraining settings: {', '.join(others)}" if others else "")
+            )
+            t = time.time()
+            base[seed], _ = isolated(
+                seed_checks,
+                pretrained,
+                os.path.join(out, "base", f"s{seed}"),
+                progress=progress,
+                restart=restart,
+                **sizes,
+            )
+        echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(base[seed])}")
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(runs), desc="grid", unit="run")
-    summaries = []
     failed: dict[str, str] = {}  # workdir -> why
     try:
         for run in runs:
             t = time.time()
             if run.depends_on in failed:
-                failed[run.workdir] = f"{run.arm}-s{run.seed} needs {run.depends_on}, which failed"
+                failed[run.workdir] = f"{run.name} needs {run.depends_on}, which failed"
                 echo(f"{run.arm} seed {run.seed}: SKIPPED ({failed[run.workdir]})")
                 continue
             try:
-                summary = isolated(run_one, run)
+                summary = _run(run, restart=restart, progress=progress, echo=echo)
             except Exception as e:  # (a crashed process too) the other runs go on; the grid reports it at the end
-                failed[run.workdir] = f"{run.arm}-s{run.seed}: {type(e).__name__}: {e}"
+                failed[run.workdir] = f"{run.name}: {type(e).__name__}: {e}"
                 echo(f"{run.arm} seed {run.seed}: FAILED ({type(e).__name__}: {e}); rerun the grid to resume it")
                 continue
-            summaries.append(summary)
+            if run.shared_with:
+                record_shared(run, out)
             note = f" (= {run.shared_with})" if run.shared_with else ""
             echo(
                 f"{run.arm}{note} seed {run.seed}: "
@@ -225,12 +442,11 @@ def run_replication(
     finally:
         if bar is not None:
             bar.close()
-    paths = write_results(summaries, base, out, title=title)
-    n_tasks = dict(checks or {}).get("num_tasks", inspect.signature(base_checks).parameters["num_tasks"].default)
-    paths.append(plot_curves(mean_curves(curves, n_tasks), os.path.join(out, "insight_curves.png")))
+    order = list(order) or list(dict.fromkeys(arm for arm, _ in configs))
+    paths = write_report(out, order=order, title=title, n_tasks=sizes.get("num_tasks"), echo=echo)
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
     if failed:
-        raise RuntimeError(
+        raise GridError(
             f"{len(failed)} run(s) failed (the report holds the others; rerun to resume them): "
             + "; ".join(failed.values())
         )

@@ -3,13 +3,16 @@ the paper's and a third-party toy replication's numbers), curves.png (no-insight
 and insight_curves.png (Fig. 11 on the base policy).
 
     write_results(summaries, base, out)       # summaries: run_one's dicts; base: {seed: base_checks dict}
+
+Each file is written next to its place and then moved there (`replaced`), so a reader (or another launcher of the
+same grid) never sees a half-written table.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,20 @@ TOY = {
     "lambda_0.5": "0.0 / 1.0",
     "sftldr": "0.0 / 0.0",
 }
+
+
+def replaced(path: str, write: Callable[[str], object]) -> str:
+    """`write(tmp)` to a temporary file next to `path`, then the file moved onto `path` in one step (`os.replace`);
+    returns `path`. The temporary file is removed if `write` fails."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, int]:
@@ -173,15 +190,18 @@ def write_results(
     rows = [
         [os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] for s in summaries
     ]  # (workdir relative to out)
-    paths = [write_csv(os.path.join(out, "results.csv"), COLUMNS, rows)]
+    os.makedirs(out, exist_ok=True)
+    paths = [replaced(os.path.join(out, "results.csv"), lambda p: write_csv(p, COLUMNS, rows))]
     md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
     if base:
         md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
     if notes:
         md += [notes, ""]
-    path = os.path.join(out, "results.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(md))
-    paths.append(path)
-    paths.append(plot_curves(summaries, base, os.path.join(out, "curves.png")))
+
+    def write_md(p: str) -> None:
+        with open(p, "w", encoding="utf-8") as f:
+            f.write("\n".join(md))
+
+    paths.append(replaced(os.path.join(out, "results.md"), write_md))
+    paths.append(replaced(os.path.join(out, "curves.png"), lambda p: plot_curves(summaries, base, p)))
     return paths
