@@ -373,7 +373,7 @@ def test_a_run_another_launcher_is_running_is_waited_for(smoke_grid, tmp_path):
 def test_two_launchers_share_one_grid(tmp_path):
     """Two real launchers on one --out, started together, with one arm in common (rltldr) and one each of their own:
     the base policy and rltldr are made once (the other launcher waits, saying so), both exit 0 without a traceback,
-    and the report holds the three arms (~10 minutes on 2 cores)."""
+    and the report holds the three arms (4-6 minutes on 2 cores)."""
     import subprocess
     import sys
 
@@ -393,6 +393,7 @@ def test_two_launchers_share_one_grid(tmp_path):
     outputs = [p.communicate(timeout=1800) for p in procs]
     for p, (stdout, stderr) in zip(procs, outputs, strict=True):
         assert p.returncode == 0 and "Traceback" not in stderr, stdout[-3000:] + stderr[-3000:]
+        assert "resume: no checkpoint" not in stderr  # (a fresh run starts as one, though the lock made its workdir)
     said = "\n".join(stdout for stdout, _ in outputs)
     assert "in use by another process" in said and "waiting for it to end" in said
     assert sum(line.startswith("rltldr seed 0: no-insight Pass@1") for line in said.splitlines()) == 2

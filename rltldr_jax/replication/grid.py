@@ -34,7 +34,7 @@ from typing import Any
 
 import ml_collections
 
-from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free
+from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free, run_contents
 
 log = logging.getLogger(__name__)
 
@@ -337,15 +337,16 @@ def run_one(run: Run, *, restart: bool = False, progress: bool = False) -> dict[
 
 
 def _trainer(run: Run, *, redo: bool, restart: bool, progress: bool) -> Any:
-    """The `Trainer` of an RL run: afresh when `redo` (the old run moved aside), else resuming a stopped run from its
-    newest checkpoint (from phase 0 when it stopped before the first one); a stopped run whose checkpoint has other
-    settings (`ConfigChangeError`) is refused, or with `restart` started afresh."""
+    """The `Trainer` of an RL run: afresh when `redo` (the old run moved aside) or when its workdir holds no run yet
+    (the launcher's lock may have made it), else resuming a stopped run from its newest checkpoint (from phase 0
+    when it stopped before the first one); a stopped run whose checkpoint has other settings (`ConfigChangeError`)
+    is refused, or with `restart` started afresh."""
     from rltldr_jax.train.loop import Trainer
 
     if redo:
         return Trainer(run.config, restart=True, progress=progress)
     try:
-        return Trainer(run.config, resume=os.path.isdir(run.workdir), progress=progress)
+        return Trainer(run.config, resume=bool(run_contents(run.workdir)), progress=progress)
     except ConfigChangeError as e:
         if restart:
             return Trainer(run.config, restart=True, progress=progress)
