@@ -5,6 +5,7 @@ tests/test_train_loop.py."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -104,3 +105,72 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     assert child.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted by SIGINT; resume with --resume" and "Traceback" not in err, err
     assert not (workdir / "checkpoints").exists() or os.listdir(workdir / "checkpoints") == []
+
+
+ISOLATED_GRID = """
+import os, signal, sys, time
+from launch.common import run_launcher
+from rltldr_jax.replication.driver import isolated
+from rltldr_jax.train.stopping import RunStopped, StopSignals
+
+
+def phases(report):
+    with StopSignals(defer=True) as signals:
+        for phase in range(600):
+            with open(report, "a") as f:
+                f.write(f"{os.getpid()} {phase}\\n")
+            time.sleep(0.1)
+            if signals.requested:
+                raise RunStopped(signals.requested, f"stopped by signal {signals.requested} after phase {phase}")
+    return "finished"
+
+
+def main(argv):
+    isolated(phases, sys.argv[1])
+
+
+if __name__ == "__main__":
+    sys.argv = sys.argv[:2]
+    run_launcher(main)
+"""
+
+
+@pytest.mark.parametrize("whole_group", [False, True])
+def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whole_group):
+    """The replication runs each Trainer in a worker process. SIGTERM to the launcher alone (Kubernetes' PID 1,
+    `kill <pid>`) is passed on, so the run stops at its next safe point and the launcher ends with the run's own
+    line (it used to wait for the whole run); SIGTERM to the whole process group (a job's, or Ctrl-C) reaches the
+    worker twice within a moment and still counts as one request (a safe-point stop, not a stop at once)."""
+    script, report = tmp_path / "grid.py", tmp_path / "phases.txt"
+    script.write_text(ISOLATED_GRID)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    launcher = subprocess.Popen(
+        [sys.executable, str(script), str(report)],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not report.exists() or len(report.read_text().splitlines()) < 3:
+            assert launcher.poll() is None and time.time() < deadline, launcher.communicate()
+            time.sleep(0.05)
+        start = time.time()
+        if whole_group:
+            os.killpg(launcher.pid, signal.SIGTERM)
+        else:
+            launcher.send_signal(signal.SIGTERM)
+        err = launcher.communicate(timeout=30)[1]
+        took = time.time() - start
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    assert launcher.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"stopped by signal {int(signal.SIGTERM)} after phase ") and "Traceback" not in err, err
+    assert took < 10
+    worker = {line.split()[0] for line in report.read_text().splitlines()}
+    assert len(worker) == 1 and str(launcher.pid) not in worker  # the phases ran in the worker, which then stopped

@@ -55,6 +55,7 @@ from rltldr_jax.replication.grid import (
 from rltldr_jax.replication.report import replaced, write_results
 from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
 from rltldr_jax.train.resume import LOCK, WorkdirInUseError, lock_workdir
+from rltldr_jax.train.stopping import Interrupted
 
 #: Seconds between two looks at a lock another process holds.
 WAIT_POLL_S = 2.0
@@ -130,7 +131,25 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     levels = {name: logging.getLogger(name).level for name in _LOGGERS}
     handler = bool(logging.getLogger("rltldr_jax").handlers)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler).result()
+        future = pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler)
+        stop: Interrupted | None = None
+        while True:
+            try:
+                result = future.result()
+                break
+            except Interrupted as e:
+                if future.done():  # the child's own stop (RunStopped: it says where it stopped and what it saved)
+                    raise
+                # A signal to this launcher alone (Kubernetes' PID 1, `kill <pid>`): pass it on, so that a Trainer
+                # in the child stops at its next safe point with a checkpoint (a second signal: at once); then
+                # wait for it. Where the child got the signal too (Ctrl-C, a job's process group), it counts once.
+                stop = e
+                for process in list(getattr(pool, "_processes", {}).values()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, e.signum)
+        if stop is not None:  # the child finished anyway: stop the grid here
+            raise stop
+        return result
 
 
 def _holder(directory: str) -> str:
