@@ -724,43 +724,34 @@ class _Runner:
             filename = f"<agent:{self.blocks}>"
         self.sources.lines[filename] = code.splitlines()
         self.sources.current = "" if trusted else filename
-        self.capture.reset()
-        self.limit_cpu()
-        sys.stdout, sys.stderr = self.stdout, self.stderr
-        error = None
-        try:
-            exec(compile(code, filename, "exec", dont_inherit=True), self.namespace)
-        except BaseException as exc:  # everything the agent does becomes an observation
-            try:
-                error = format_exception(exc, self.sources, all_frames=trusted)
-            except BaseException:
-                error = f"{type(exc).__name__} (the traceback could not be formatted)\n"
-        finally:
-            self.capture.active = False
-            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        _, error = self._guarded(
+            lambda: exec(compile(code, filename, "exec", dont_inherit=True), self.namespace), trusted
+        )
         return {"op": "done", "error": error, "dropped": self.capture.dropped}
 
     def call(self, name: str, argument: str) -> dict:
         """Calls `name(argument)` from the session's globals (a function the preamble defined, e.g. a verifier's
         server); its string result is sent back as "value". Output is captured as for run()."""
+        value, error = self._guarded(lambda: self.namespace[name](argument), True)
+        if error is None and not isinstance(value, str):
+            value, error = None, f"{name}() returned {type(value).__name__}, not str\n"
+        return {"op": "done", "error": error, "dropped": self.capture.dropped, "value": value}
+
+    def _guarded(self, fn, all_frames: bool) -> tuple:
+        """(fn's result, None) or (None, its formatted exception), with output captured and the CPU limit set."""
         self.capture.reset()
         self.limit_cpu()
         sys.stdout, sys.stderr = self.stdout, self.stderr
-        value, error = None, None
         try:
-            value = self.namespace[name](argument)
-            if not isinstance(value, str):
-                error = f"{name}() returned {type(value).__name__}, not str\n"
-                value = None
-        except BaseException as exc:
+            return fn(), None
+        except BaseException as exc:  # everything the agent does becomes an observation
             try:
-                error = format_exception(exc, self.sources, all_frames=True)
+                return None, format_exception(exc, self.sources, all_frames=all_frames)
             except BaseException:
-                error = f"{type(exc).__name__} (the traceback could not be formatted)\n"
+                return None, f"{type(exc).__name__} (the traceback could not be formatted)\n"
         finally:
             self.capture.active = False
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        return {"op": "done", "error": error, "dropped": self.capture.dropped, "value": value}
 
     def serve(self) -> None:
         while True:

@@ -66,6 +66,7 @@ dict keys into strings. Wall time includes the time spent in the handler.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -83,7 +84,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -518,14 +519,21 @@ class Sandbox:
         """Runs `code` in the session; returns the observation (never raises for what the code does).
 
         `timeout_s`: wall and CPU limit of this run (default: the limits' wall_s and cpu_s)."""
+        with self._session():
+            return self._observe(code, timeout_s)
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """Holds the sandbox for one request: refuses a closed one, starts the child if needed, and kills it on an
+        exception of the trusted side (e.g. KeyboardInterrupt, an api_handler BaseException): no child mid-run."""
         with self._lock:
             if self._closed:
                 raise SandboxError("this sandbox is closed; create a new Sandbox")
             if self._res.child is None:
                 self._start()
             try:
-                return self._observe(code, timeout_s)
-            except BaseException:  # e.g. KeyboardInterrupt or an api_handler BaseException: leave no child mid-run
+                yield
+            except BaseException:
                 self._res.kill_child()
                 raise
 
@@ -538,16 +546,8 @@ class Sandbox:
         when the process dies, the session is restarted (preamble re-run, the agent's variables gone) and the
         result says so; never raises for what the code does.
         """
-        with self._lock:
-            if self._closed:
-                raise SandboxError("this sandbox is closed; create a new Sandbox")
-            if self._res.child is None:
-                self._start()
-            try:
-                status, text = self._execute({"op": "call", "name": name, "argument": argument}, timeout_s)
-            except BaseException:
-                self._res.kill_child()
-                raise
+        with self._session():
+            status, text = self._execute({"op": "call", "name": name, "argument": argument}, timeout_s)
             if status == "ok":
                 if text.error:
                     return CallResult("error", None, text.error)
