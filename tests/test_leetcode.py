@@ -390,9 +390,11 @@ def test_harness_judge_and_server_verify_in_process(tasks, eval_tasks):
     import contextlib
     import io
     import signal
+    import sys
     import types
 
     handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's
+    recursion_limit = sys.getrecursionlimit()  # the judge raises it (its own process's, in the sandbox)
     problem = lc.load_humaneval_problems()[0]
     attempts = [
         (tasks["leetcode/two_sum"], TWO_SUM, True),
@@ -420,6 +422,7 @@ def test_harness_judge_and_server_verify_in_process(tasks, eval_tasks):
     finally:
         signal.setitimer(signal.ITIMER_REAL, *timer)
         signal.signal(signal.SIGALRM, handler)
+        sys.setrecursionlimit(recursion_limit)
 
 
 def test_codec_round_trips_and_refuses_foreign_types():

@@ -137,10 +137,10 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("whole_group", [False, True])
 def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whole_group):
-    """The replication runs each Trainer in a worker process. SIGTERM to the launcher alone (Kubernetes' PID 1,
-    `kill <pid>`) is passed on, so the run stops at its next safe point and the launcher ends with the run's own
-    line (it used to wait for the whole run); SIGTERM to the whole process group (a job's, or Ctrl-C) reaches the
-    worker twice within a moment and still counts as one request (a safe-point stop, not a stop at once)."""
+    """The replication runs each Trainer in a worker process. SIGTERM to the launcher (Kubernetes' PID 1, `kill
+    <pid>`) is passed on, so the run stops at its next safe point and the launcher ends with the run's own line (it
+    used to wait for the whole run); a signal to the launcher's process group (Ctrl-C in a terminal) reaches the
+    worker once too (it leads a group of its own), so it stops at a safe point, not at once."""
     script, report = tmp_path / "grid.py", tmp_path / "phases.txt"
     script.write_text(ISOLATED_GRID)
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)

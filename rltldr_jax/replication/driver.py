@@ -130,7 +130,10 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
     levels = {name: logging.getLogger(name).level for name in _LOGGERS}
     handler = bool(logging.getLogger("rltldr_jax").handlers)
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # The worker leads a process group of its own: Ctrl-C in a terminal (the foreground group's signal) reaches this
+    # launcher alone, which passes it on once (below), so one signal is one request in the worker too.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=os.setpgrp) as pool:
         future = pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler)
         stop: Interrupted | None = None
         while True:
@@ -140,9 +143,10 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             except Interrupted as e:
                 if future.done():  # the child's own stop (RunStopped: it says where it stopped and what it saved)
                     raise
-                # A signal to this launcher alone (Kubernetes' PID 1, `kill <pid>`): pass it on, so that a Trainer
-                # in the child stops at its next safe point with a checkpoint (a second signal: at once); then
-                # wait for it. Where the child got the signal too (Ctrl-C, a job's process group), it counts once.
+                # A signal to this launcher (Ctrl-C, Kubernetes' PID 1, `kill <pid>`): pass it on, so that a Trainer
+                # in the worker stops at its next safe point with a checkpoint (a second signal: at once), and wait
+                # for it. (A scheduler that signals every process of a job, e.g. SLURM's scancel, reaches the worker
+                # twice: it stops at once and resumes from its last checkpoint.)
                 stop = e
                 for process in list(getattr(pool, "_processes", {}).values()):
                     with contextlib.suppress(ProcessLookupError):

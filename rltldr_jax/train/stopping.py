@@ -8,14 +8,13 @@
                 raise RunStopped(signals.requested, "stopped by SIGTERM at phase 3; checkpoint saved; ...")
 
 SIGTERM is how SLURM (at the time limit, on preemption, and with `--signal=TERM@<seconds>`), Kubernetes and most batch
-schedulers ask a job to end before they kill it; SIGINT is Ctrl-C. Under `StopSignals(defer=True)` the first signal is
-recorded (`requested`, with one warning line) and the work in progress goes on to the next safe point; a second signal
-raises `Interrupted` at once (a repeat of the first within `SAME_REQUEST_S` is the same request: a process group's
-signal that a parent launcher passes on too). Under `StopSignals(defer=False)` (the launchers, around everything else)
-the first signal raises `Interrupted` at once. Python drops an exception raised where it cannot propagate (a garbage
-collector callback, such as JAX's, or a `__del__`: "Exception ignored in ..."): there the signal is sent again, so it is
-never lost. Signals the process ignores (e.g. SIGINT of a job started with `&` by a shell) stay ignored, and outside the
-main thread nothing is installed (Python delivers signals there only).
+schedulers ask a job to end before they kill it; SIGINT is Ctrl-C. Under `StopSignals(defer=True)` the first signal
+is recorded (`requested`, with one warning line) and the work in progress goes on to the next safe point; a second
+signal raises `Interrupted` at once. Under `StopSignals(defer=False)` (the launchers, around everything else) the
+first signal raises `Interrupted` at once. Python drops an exception raised where it cannot propagate (a garbage
+collector callback, such as JAX's, or a `__del__`: "Exception ignored in ..."): there the signal is sent again, so
+it is never lost. Signals the process ignores (e.g. SIGINT of a job started with `&` by a
+shell) stay ignored, and outside the main thread nothing is installed (Python delivers signals there only).
 
 `Interrupted` derives from KeyboardInterrupt, so `except Exception` blocks do not swallow it. Its `exit_status` is
 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), the shell's convention for a process ended by a
@@ -28,7 +27,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from types import FrameType
 from typing import Any
 
@@ -36,9 +34,6 @@ log = logging.getLogger(__name__)
 
 #: The signals that stop a run.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-#: A repeat of the first signal within this many seconds is the same request: a process group's signal (Ctrl-C, a
-#: scheduler signalling every process of a job) also reaches a worker through its parent launcher, which passes it on.
-SAME_REQUEST_S = 1.0
 
 
 def signal_name(signum: int) -> str:
@@ -87,7 +82,6 @@ class StopSignals:
         self.defer = defer
         self.quiet_abort = quiet_abort
         self.requested: int | None = None  # the first signal's number once one arrived (defer=True)
-        self._requested_at = 0.0
         self._previous: dict[int, Any] = {}
         self._unraisablehook: Any = None
         self._resending = False  # `_unraisable` is sending a dropped signal again
@@ -138,10 +132,8 @@ class StopSignals:
         if self._resending:  # an exception raised now would be dropped again: `_unraisable` sends it once more
             self._resent = signum
             return
-        if self.defer and signum == self.requested and time.monotonic() - self._requested_at < SAME_REQUEST_S:
-            return  # the same request again (the process group's signal, passed on by a parent launcher too)
         if self.defer and self.requested is None:
-            self.requested, self._requested_at = signum, time.monotonic()
+            self.requested = signum
             log.warning(
                 "%s received: stopping at the next safe point, with a checkpoint (send it again to stop at once)",
                 signal_name(signum),
