@@ -158,6 +158,7 @@ def _records(workdir: str) -> list[dict]:
         return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in f]
 
 
+@pytest.mark.slow  # ~100 s on 2 cores (a launcher subprocess); the in-process Ctrl-C test below covers the loop
 def test_sigterm_stops_at_a_safe_point_and_the_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, caplog):
     """launch/train.py gets SIGTERM (preemption) during phase 1's update: it finishes the update, writes checkpoint 1
     (which train.checkpoint_every=2 would not have written), skips the evaluation due after phase 1, says so in one
