@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 
 import pytest
 from helpers import tiny_config
 
 from configs.base import get_config
+from rltldr_jax.agent import insight as insight_module
 from rltldr_jax.agent.generation import shorten
 from rltldr_jax.agent.insight import (
     ROLLOUT_END,
@@ -183,11 +183,58 @@ def test_parse_failures(text, why):
         "unclosed braces",
     ],
 )
-def test_pathological_answers_fail_fast(text, why):
-    start = time.perf_counter()
+def test_pathological_answers_fail_fast(text, why, monkeypatch):
+    # Work, not wall-clock time: characters the brace scan steps over plus characters handed to json/ast.
+    work = _parse_work(monkeypatch)
     fields, error = parse_writer_output(text)
     assert fields is None and why in error
-    assert time.perf_counter() - start < 0.5
+    # Each scan pass steps over the text once (at most _MAX_RESTARTS + 1 passes); at most _MAX_CANDIDATES spans
+    # are parsed, each by at most four parsers. The quadratic brace matching this replaced did ~len(text)²/2.
+    scanned, parsed = work()
+    assert scanned <= (insight_module._MAX_RESTARTS + 1) * (len(text) + 1)
+    assert parsed <= 4 * insight_module._MAX_CANDIDATES * len(text)
+
+
+def _parse_work(monkeypatch):
+    """Counters on the parser's two costs: (characters the brace scan passed, characters given to json/ast)."""
+    counts = {"scanned": 0, "parsed": 0}
+    special = insight_module._SPECIAL
+
+    class CountingPattern:
+        def search(self, text, pos=0):
+            m = special.search(text, pos)
+            counts["scanned"] += (m.end() if m else len(text)) - pos
+            return m
+
+    real_json_loads, real_literal_eval = insight_module.json.loads, insight_module.ast.literal_eval
+
+    def json_loads(text, **kw):
+        counts["parsed"] += len(text)
+        return real_json_loads(text, **kw)
+
+    def literal_eval(text):
+        counts["parsed"] += len(text)
+        return real_literal_eval(text)
+
+    monkeypatch.setattr(insight_module, "_SPECIAL", CountingPattern())
+    monkeypatch.setattr(insight_module.json, "loads", json_loads)
+    monkeypatch.setattr(insight_module.ast, "literal_eval", literal_eval)
+    return lambda: (counts["scanned"], counts["parsed"])
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["{" + "[]" * 30, "{'a': " + "(" * 20 + "1" + ")" * 20, '{"x": "' + '\\"' * 20],
+    ids=["unclosed braces", "parentheses", "escapes"],
+)
+def test_parse_work_is_linear_in_the_answer(unit, monkeypatch):
+    work = _parse_work(monkeypatch)
+    costs = []
+    for copies in (100, 200):  # well past _MAX_RESTARTS unclosed braces, within _MAX_ANSWER_CHARS
+        before = sum(work())
+        parse_writer_output(unit * copies)
+        costs.append(sum(work()) - before)
+    assert costs[0] > 0 and costs[1] <= 2.2 * costs[0], costs
 
 
 def test_parse_survives_unclosed_braces_and_apostrophes_in_prose():

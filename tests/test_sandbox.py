@@ -238,7 +238,8 @@ def test_api_handler_round_trip():
         assert "TypeError: apis.a.b(): arguments must be JSON-serialisable" in obs
         start = time.perf_counter()
         assert sb.run("for i in range(300):\n    apis.a.b(i)") == "Execution successful."
-        assert time.perf_counter() - start < 1.0
+        # A generous bound (300 relayed calls take ~0.1 s): it catches a per-call wait or poll, not jitter.
+        assert time.perf_counter() - start < 10.0
     with Sandbox(FAST) as sb:
         assert "NameError: name 'apis' is not defined" in sb.run("apis.a.b()")
 
