@@ -71,6 +71,50 @@ def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
             assert a.insights == b.insights and a.verdict == b.verdict
 
 
+class OneChainPerTask(Collector):
+    """The collector with its independent-attempts path switched off: one sequential chain per task."""
+
+    independent = False
+
+
+def test_independent_attempts_run_at_once_and_equal_one_chain_per_task(tiny_policy, builder):
+    _, engine = tiny_policy
+    tasks = generate_tasks("train", seed=0, n=60)[4:7]
+    made = []
+
+    def env():
+        made.append(make_env("sapi", step_timeout_s=5.0))
+        return made[-1]
+
+    def phase(cls, **kw):
+        made.clear()
+        collector = cls(
+            engine,
+            env,
+            builder,
+            EpisodeConfig(max_steps=2, max_think_tokens=3, max_action_tokens=3, max_context_tokens=4096, seed=3),
+            InsightSchedule("never"),
+            None,
+            group_size=3,
+            exact_group_size=True,
+            **kw,
+        )
+        return collector, collector.collect(tasks, phase=2)
+
+    collector, fast = phase(Collector, max_parallel_attempts=4)
+    assert collector.independent and len(made) == 4  # 9 attempts over a pool of 4 environments, all closed after
+    assert [(a.task.task_id, a.index) for a in fast.attempts] == [(t.task_id, i) for t in tasks for i in (1, 2, 3)]
+    chained, slow = phase(OneChainPerTask)
+    assert not chained.independent and len(made) == len(tasks)
+    by_key = {(a.task.task_id, a.index): a for a in slow.attempts}
+    for a in fast.attempts:  # attempt for attempt what one chain per task gives (a batch-invariant engine)
+        b = by_key[(a.task.task_id, a.index)]
+        assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
+        assert [s.logprobs for s in a.steps] == [s.logprobs for s in b.steps] and a.verdict == b.verdict
+    with pytest.raises(ValueError, match="max_parallel_attempts must be >= 1"):
+        phase(Collector, max_parallel_attempts=0)
+
+
 def test_exact_group_size_rejects_concurrent_chains(tiny_policy, builder):
     with pytest.raises(ValueError, match="exact_group_size needs workers_per_task=1"):
         Collector(

@@ -11,6 +11,13 @@ runs and its insight joins the task's list. One task's attempts form one GRPO gr
 task, a phase is then a deterministic function of the weights and seeds (every sampling seed already derives
 from the phase, task, attempt and step), which makes `--resume` reproduce an uninterrupted run.
 
+Independent attempts. When nothing links a task's attempts (the schedule is "never" and no insight is written: the
+GRPO baseline, the evaluation, the base policy's i.i.d. checks) and the group is exact, all K attempts of every
+task are started at once, each with its fixed attempt number, at most `max_parallel_attempts` at a time over a
+shared pool of environments: the engine batches them together. Each attempt's seeds derive from its task and
+number and a batch-invariant engine's rows do not depend on what else runs, so the phase is the same as one chain
+per task would give, attempt for attempt; the attempts come back sorted by task (in the given order) and number.
+
 `Collector.start` runs a phase in a background thread with its own asyncio loop and returns a `PendingPhase`
 (`wait` for its result, `cancel` to stop it): the trainer's `train.overlap_phases` collects phase n + 1 with the
 weights of version n that way while it updates on phase n.
@@ -93,6 +100,8 @@ class Collector:
       insight_after: one of `INSIGHT_AFTER`: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
       exact_group_size: every task gets exactly `group_size` attempts (deterministic phases; see above).
       progress: show a progress bar (tqdm) of finished attempts.
+      max_parallel_attempts: with independent attempts (module doc), how many run at once (and how many
+        environments exist); None = the engine's `max_batch` (64 if it has none), at least one per task.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class Collector:
         insight_after: str = "failure",
         exact_group_size: bool = False,
         progress: bool = False,
+        max_parallel_attempts: int | None = None,
     ):
         if insight_after not in INSIGHT_AFTER:
             raise ValueError(f"insight_after={insight_after!r}; choose one of {', '.join(INSIGHT_AFTER)}")
@@ -119,6 +129,16 @@ class Collector:
         if problem:
             raise ValueError(problem)
         self.insight_after, self.exact_group_size, self.progress = insight_after, exact_group_size, progress
+        if max_parallel_attempts is not None and max_parallel_attempts < 1:
+            raise ValueError(
+                f"max_parallel_attempts must be >= 1 (None = the engine's max_batch), got {max_parallel_attempts}"
+            )
+        self.max_parallel_attempts = max_parallel_attempts
+
+    @property
+    def independent(self) -> bool:
+        """Whether a task's attempts are independent of each other and run all at once (module doc)."""
+        return self.exact_group_size and self.writer is None and self.schedule.policy == "never"
 
     def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
         """Runs one phase (blocking)."""
@@ -194,11 +214,47 @@ class Collector:
                 await asyncio.to_thread(env.close)
 
         try:
+            if self.independent:
+                return PhaseResult(await self._independent_attempts(tasks, episode, bar), ())
             await asyncio.gather(*(chain(t) for t in tasks for _ in range(self.workers_per_task)))
         finally:
             if bar is not None:
                 bar.close()
         return PhaseResult(tuple(attempts), tuple(writer_outputs))
+
+    async def _independent_attempts(
+        self, tasks: Sequence[Task], episode: EpisodeConfig, bar: Any
+    ) -> tuple[Attempt, ...]:
+        """All `group_size` attempts of every task at once, numbered 1..K, at most `max_parallel_attempts` at a time
+        over a shared pool of environments; sorted by task (in `tasks` order) and attempt number."""
+        limit = self.max_parallel_attempts or int(getattr(self.engine, "max_batch", 0) or 64)
+        limit = max(limit, len(tasks))
+        slots = asyncio.Semaphore(limit)
+        idle: list[Env] = []
+        made: list[Env] = []
+
+        async def one(task: Task, index: int) -> Attempt:
+            async with slots:
+                if idle:
+                    env = idle.pop()
+                else:
+                    env = await asyncio.to_thread(self.make_env)
+                    made.append(env)
+                try:
+                    insights = self.schedule.insights_for(task.task_id)  # [] under "never"
+                    attempt = await run_attempt(task, index, insights, env, self.engine, self.builder, episode)
+                finally:
+                    idle.append(env)
+                self.schedule.record(task.task_id, attempt.success, attempt=index)
+                if bar is not None:
+                    bar.update(1)
+                return attempt
+
+        try:
+            return tuple(await asyncio.gather(*(one(t, i) for t in tasks for i in range(1, self.group_size + 1))))
+        finally:
+            for env in made:
+                await asyncio.to_thread(env.close)
 
 
 class PendingPhase:
