@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
-from rltldr_jax.engines.jax_engine import sample_tokens
+from rltldr_jax.engines.jax_engine import MAX_STOP_IDS, sample_tokens
 from rltldr_jax.models import ModelSpec, get_preset, sequence_logprobs
 
 CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
@@ -24,7 +24,16 @@ def model():
 
 @pytest.fixture(scope="module")
 def engine(model):
+    """The defaults: up to 32 decode steps per call, one group of 4 slots."""
     with JaxEngine(model, max_batch=4, max_len=96) as eng:
+        assert eng.decode_steps == 32 and eng.decode_group == 4
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def grouped(model):
+    """Two groups of 2 slots, 3 decode steps per call: rows finish mid-call and requests land in either group."""
+    with JaxEngine(model, max_batch=4, max_len=96, decode_steps=3, decode_group=2) as eng:
         yield eng
 
 
@@ -353,11 +362,15 @@ def test_bad_engine_options(model):
         JaxEngine(model, prefix_cache_bytes=-1)
     with pytest.raises(ValueError, match="weights_dtype must be one of"):
         JaxEngine(model, weights_dtype="float16")
+    with pytest.raises(ValueError, match="decode_steps must be >= 1"):
+        JaxEngine(model, decode_steps=0)
+    with pytest.raises(ValueError, match="decode_group=3 does not divide max_batch=4"):
+        JaxEngine(model, max_batch=4, decode_group=3)
 
 
 def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
-    """engine.prefill_chunk, engine.prefix_cache_mb and engine.weights_dtype (configs/base.py) reach the policy's
-    JaxEngine."""
+    """engine.prefill_chunk, engine.prefix_cache_mb, engine.weights_dtype, engine.decode_steps and
+    engine.decode_group (configs/base.py) reach the policy's JaxEngine."""
     from configs import base
     from rltldr_jax.engines.factory import EngineConfig, policy_engine
 
@@ -371,12 +384,165 @@ def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
             "engine.prefix_cache_mb": 3,
             "engine.weights_dtype": "bfloat16",
             "engine.prefill_chunk": 32,
+            "engine.max_batch": 4,
+            "engine.decode_steps": 5,
+            "engine.decode_group": 2,
             "rollout.max_context_tokens": 64,
         },
     )
     with policy_engine(EngineConfig.from_config(config), model, workdir=str(tmp_path)) as engine:
         assert engine.weights_dtype == jnp.bfloat16 and engine.prefix_stats()["budget_bytes"] == 3 * 2**20
-        assert engine.prefill_chunk == 32
+        assert engine.prefill_chunk == 32 and engine.decode_steps == 5 and engine.decode_group == 2
     base.override(config, {"engine.weights_dtype": "float16"})
     with pytest.raises(base.ConfigError, match="engine.weights_dtype"):
         base.validate(config)
+    base.override(config, {"engine.weights_dtype": "", "engine.decode_group": 3})
+    with pytest.raises(base.ConfigError, match="engine.decode_group=3 does not divide engine.max_batch=4"):
+        base.validate(config)
+    base.override(config, {"engine.decode_group": 8, "engine.decode_steps": 0})
+    with pytest.raises(base.ConfigError, match="engine.decode_steps"):
+        base.validate(config)
+
+
+def _submit_all(engine: JaxEngine, requests, on_done=None) -> dict:
+    """Queues `requests` while paused, so that one admission takes them in order (the lowest free slots first), then
+    waits for all of them; results by request id. `on_done(result)` runs in the engine thread first."""
+    results, finished = {}, threading.Semaphore(0)
+
+    def done(result):
+        results[result.request_id] = result
+        if on_done is not None:
+            on_done(result)
+        finished.release()
+
+    engine.pause()
+    for r in requests:
+        engine.submit(r, done)
+    engine.resume()
+    for _ in requests:
+        assert finished.acquire(timeout=120)
+    return results
+
+
+def _mixed_requests(seed: int) -> list[GenerationRequest]:
+    """Seeded sampling, greedy, top-p and top-k truncation, a stop token; budgets that are not multiples of N."""
+    prompts = _prompts(6, seed=seed)
+    params = [
+        SamplingParams(max_new_tokens=13, seed=1),
+        SamplingParams(temperature=0.0, max_new_tokens=17),
+        SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=9, seed=2),
+        SamplingParams(top_k=5, max_new_tokens=20, seed=3),
+        SamplingParams(max_new_tokens=40, seed=4, stop_token_ids=(7, 77)),
+        SamplingParams(temperature=1.3, max_new_tokens=7, seed=5),
+    ]
+    return [GenerationRequest(p, sp) for p, sp in zip(prompts, params, strict=True)]
+
+
+def test_fused_decode_equals_one_step_calls(engine, model):
+    """decode_steps=32 (the module engine) and decode_steps=1 (one token per call, as before the fused loop), same
+    group size: bit-identical tokens and logprobs for greedy, seeded and truncated sampling, 6 requests on 4 slots
+    (XLA compiles the step inside the while loop to the same arithmetic as the one-step call)."""
+    requests = _mixed_requests(seed=30)
+    fused = engine.generate_many(requests)
+    with JaxEngine(model, max_batch=4, max_len=96, decode_steps=1) as one_step:
+        single = one_step.generate_many(requests)
+    for f, s in zip(fused, single, strict=True):
+        assert f.token_ids == s.token_ids and f.logprobs == s.logprobs and f.finish_reason == s.finish_reason
+    assert [len(r.token_ids) for r in fused if r.finish_reason == "length"] == [
+        q.params.max_new_tokens for q, r in zip(requests, fused, strict=True) if r.finish_reason == "length"
+    ]
+
+
+def test_a_request_does_not_depend_on_its_group_or_neighbours(grouped, engine):
+    """Bit-identical tokens and logprobs alone (slot 0), sharing its group with another request, and in the other
+    group next to a request that finishes mid-call; the same tokens (logprobs up to rounding) with a group of 4."""
+    target = GenerationRequest(_prompts(1, seed=31)[0], SamplingParams(max_new_tokens=11, seed=9))
+    others = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=2 + 3 * i, seed=i)) for i, p in enumerate(_prompts(3, 32))
+    ]
+    alone = grouped.generate_many([target])[0]
+    same_group = _submit_all(grouped, [target, *others])[target.request_id]  # slot 0, next to others[0] (slot 1)
+    other_group = _submit_all(grouped, [*others, target])[target.request_id]  # slot 3, next to others[2] (slot 2)
+    for result in (same_group, other_group):
+        assert result.token_ids == alone.token_ids and result.logprobs == alone.logprobs
+    wider = engine.generate_many([target])[0]
+    assert wider.token_ids == alone.token_ids
+    np.testing.assert_allclose(wider.logprobs, alone.logprobs, atol=1e-5)
+
+
+def test_rows_finishing_mid_call_stop_exactly(grouped):
+    """N=3: a budget that ends mid-call and a stop token sampled mid-call end their rows there (the stop token
+    included), while their neighbour decodes on; a stop id past the first MAX_STOP_IDS (checked on the host) too."""
+    prompt, neighbour = _prompts(2, seed=33)
+    sampled = SamplingParams(max_new_tokens=12, seed=0)
+    free = grouped.generate_many([GenerationRequest(prompt, sampled)])[0]
+    stop_at = free.token_ids[4]  # the prefill token, one call of 3, then the 2nd step of the next call
+    assert free.token_ids.index(stop_at) == 4
+    unused = [t for t in range(256) if t not in free.token_ids][:MAX_STOP_IDS]
+    requests = [
+        GenerationRequest(prompt, dataclasses.replace(sampled, stop_token_ids=(stop_at,))),
+        GenerationRequest(neighbour, SamplingParams(max_new_tokens=20, seed=1)),
+        GenerationRequest(prompt, dataclasses.replace(sampled, stop_token_ids=(*unused, stop_at))),
+        GenerationRequest(prompt, dataclasses.replace(sampled, max_new_tokens=6)),
+    ]
+    results = _submit_all(grouped, requests)
+    stopped, long, late_stop, short = (results[r.request_id] for r in requests)
+    assert stopped.finish_reason == late_stop.finish_reason == "stop"
+    assert stopped.token_ids == late_stop.token_ids == free.token_ids[:5]
+    assert stopped.logprobs == late_stop.logprobs == free.logprobs[:5]
+    assert short.finish_reason == "length" and short.token_ids == free.token_ids[:6]
+    assert long.finish_reason == "length" and len(long.token_ids) == 20
+
+
+def test_abort_and_pause_between_multi_step_calls(grouped):
+    """Aborts and pauses act between calls of N=3 steps. A request aborted from its group neighbour's done-callback
+    keeps exactly the tokens of the calls so far (a prefix of its uninterrupted run); abort-all also ends the other
+    group's requests and the queue. An in-place pause mid-request changes nothing; pause("abort") returns a prefix."""
+    prompt, short_prompt = _prompts(2, seed=34)
+    long = SamplingParams(max_new_tokens=60, seed=5)
+    full = grouped.generate_many([GenerationRequest(prompt, long)])[0]
+    assert len(full.token_ids) == 60
+    for everything in (False, True):
+        short = GenerationRequest(short_prompt, SamplingParams(max_new_tokens=4, seed=0))
+        victim = GenerationRequest(prompt, long)
+        fillers = [GenerationRequest(short_prompt, SamplingParams(max_new_tokens=12, seed=i)) for i in range(2)]
+        queued = GenerationRequest(short_prompt, SamplingParams(max_new_tokens=2, seed=3))
+
+        def abort(result, short=short, victim=victim, everything=everything):
+            if result.request_id == short.request_id:
+                grouped.abort(None if everything else victim.request_id)
+
+        # One admission fills the 4 slots (short and victim: group 0; the fillers: group 1); `queued` waits. The first
+        # call of each group takes 3 steps, the last of which ends `short`'s budget.
+        results = _submit_all(grouped, [short, victim, *fillers, queued], on_done=abort)
+        aborted = results[victim.request_id]
+        assert aborted.finish_reason == "abort"
+        assert aborted.token_ids == full.token_ids[:4] and aborted.logprobs == full.logprobs[:4]
+        if everything:
+            assert [len(results[f.request_id].token_ids) for f in fillers] == [4, 4]
+            assert {results[r.request_id].finish_reason for r in (*fillers, queued)} == {"abort"}
+            assert results[queued.request_id].token_ids == ()
+        else:
+            assert [results[r.request_id].finish_reason for r in (*fillers, queued)] == ["length"] * 3
+
+    companion = GenerationRequest(short_prompt, SamplingParams(max_new_tokens=2, seed=0))
+    for mode in ("in_place", "abort"):
+        results, first_call, finished = [], threading.Event(), threading.Event()
+        grouped.pause()
+        grouped.submit(companion, lambda r, first_call=first_call: first_call.set())
+        grouped.submit(
+            GenerationRequest(prompt, long),
+            lambda r, results=results, finished=finished: (results.append(r), finished.set()),
+        )
+        grouped.resume()
+        assert first_call.wait(120)  # after the first call (one step: the companion's budget)
+        grouped.pause(mode)
+        grouped.resume()
+        assert finished.wait(120)
+        (result,) = results
+        n = len(result.token_ids)
+        assert result.token_ids == full.token_ids[:n] and result.logprobs == full.logprobs[:n]
+        if mode == "in_place" or result.finish_reason == "length":  # (a very slow pause may come after the end)
+            assert n == 60
+        else:
+            assert result.finish_reason == "abort" and n >= 2

@@ -71,6 +71,8 @@ class EngineConfig:
     prefix_cache_mb: float
     prefill_chunk: int
     weights_dtype: str
+    decode_steps: int
+    decode_group: int
     assume_initial_weights: bool
     max_context_tokens: int
     teacher: TeacherConfig | None = None
@@ -90,18 +92,23 @@ class EngineConfig:
             prefix_cache_mb=e.prefix_cache_mb,
             prefill_chunk=e.prefill_chunk,
             weights_dtype=e.weights_dtype,
+            decode_steps=e.decode_steps,
+            decode_group=e.decode_group,
             assume_initial_weights=e.assume_initial_weights,
             max_context_tokens=config.rollout.max_context_tokens,
             teacher=TeacherConfig.from_config(config),
         )
 
     def jax_engine_options(self) -> dict[str, Any]:
-        """The embedded JaxEngine's options: batch_invariant, prefill_chunk, prefix_cache_bytes, weights_dtype."""
+        """The embedded JaxEngine's options: batch_invariant, prefill_chunk, prefix_cache_bytes, weights_dtype,
+        decode_steps, decode_group."""
         return {
             "batch_invariant": self.batch_invariant,
             "prefill_chunk": self.prefill_chunk,
             "prefix_cache_bytes": int(self.prefix_cache_mb * 2**20),
             "weights_dtype": self.weights_dtype,
+            "decode_steps": self.decode_steps,
+            "decode_group": self.decode_group,
         }
 
 
