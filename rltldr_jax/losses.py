@@ -84,7 +84,7 @@ def grpo_loss(
     old_logprobs: Array,
     advantages: Array,
     action_mask: Array,
-    clip_eps: float = 0.2,
+    clip_eps: float | Array = 0.2,
     detach_ratio: Array | None = None,
 ) -> GRPOTerms:
     """PPO-clip surrogate of GRPO, summed over action tokens (token-level aggregation, no KL).
@@ -94,7 +94,7 @@ def grpo_loss(
       old_logprobs: [B, T] log π_old of the same tokens (the sampler's logprobs).
       advantages: [B] per-rollout advantages (broadcast over tokens) or [B, T] per-token.
       action_mask: [B, T] bool/0-1, the tokens sampled in the example's step.
-      clip_eps: ε of the clip.
+      clip_eps: ε of the clip (a Python float or a traced scalar).
       detach_ratio: optional [B] bool: rows trained without an importance ratio (RLTF-SD's advantage-weighted
         likelihood): their old logprobs are the current ones, detached, so the ratio is 1 (never clipped) and the
         gradient is −A·∇log π_θ.
@@ -144,12 +144,12 @@ def rltldr_loss(
     grpo: GRPOTerms,
     sft: SFTTerms,
     *,
-    lam: float,
+    lam: float | Array,
     grpo_count: Array | float | None = None,
     sft_count: Array | float | None = None,
-    grpo_coef: float = 1.0,
+    grpo_coef: float | Array = 1.0,
     writer: SFTTerms | None = None,
-    writer_sft_coef: float = 0.0,
+    writer_sft_coef: float | Array = 0.0,
     writer_count: Array | float | None = None,
 ) -> Array:
     """L = grpo_coef · grpo_sum / grpo_count + λ · sft_sum / sft_count [+ writer_sft_coef · writer_sum / writer_count].
@@ -160,7 +160,8 @@ def rltldr_loss(
 
     Args:
       grpo, sft: the terms of this micro-batch (or of the reduced batch).
-      lam: λ, the insight internalisation strength (0.5 in the paper).
+      lam: λ, the insight internalisation strength (0.5 in the paper). The coefficients may be traced scalars (the
+        trainer passes them so: one compiled step for every value); they are never branched on.
       grpo_count, sft_count: global token counts of the two terms.
       grpo_coef: weight of the GRPO term (1 in the paper; 0 for the "no GRPO, only L_SFT" row of Table 2).
       writer, writer_sft_coef, writer_count: the optional insight-generator SFT term of Table 8 (RLTF-FM, π(f | τ): the

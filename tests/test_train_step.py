@@ -1,15 +1,17 @@
 """The optimizer step's guard against NaN/inf: a step with a non-finite loss or gradient norm changes nothing and is
 reported; the update counts skipped steps and stops the run after `train.max_nonfinite_skips` in a row; clipping
-at grad_clip_norm=0 is off."""
+at grad_clip_norm=0 is off. The loss coefficients are arguments of the compiled step, not constants."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 from helpers import tiny_config
 
 from rltldr_jax.models import ModelSpec, get_preset
@@ -18,7 +20,7 @@ from rltldr_jax.train.batching import Example, pack
 from rltldr_jax.train.loop import UpdateConfig, update_phase
 from rltldr_jax.train.report import phase_line
 from rltldr_jax.train.setup import ShardedUpdate
-from rltldr_jax.train.step import LossConfig, NonFiniteError, NonFiniteGuard, make_optimizer
+from rltldr_jax.train.step import LossConfig, NonFiniteError, NonFiniteGuard, make_optimizer, train_step
 
 T = 16  # tokens per example
 
@@ -150,3 +152,25 @@ def test_grad_clip_norm_zero_means_no_clipping():
         np.testing.assert_allclose(
             optax.apply_updates(params, updates)["w"], [-step], rtol=1e-4
         )  # float32 bias correction
+
+
+def test_loss_coefficients_are_arguments_one_program_for_every_arm(model):
+    """λ, grpo_coef, clip_eps and writer_sft_coef are traced (`LossConfig.traced`): the step compiled once serves
+    every arm of a grid, and each call's loss is its own coefficients' (the same as the step compiled with them as
+    constants)."""
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(1e-3)
+    opt = tx.init(params)
+    (batch,) = pack([_example(), _example(advantage=-0.5)], micro_batch_size=2, grad_accum_steps=1, pad_to_multiple=T)
+    step = jax.jit(functools.partial(train_step, graphdef, tx=tx))  # params not donated: every call sees the same
+    arms = [LossConfig(lam=0.0), LossConfig(lam=0.5), LossConfig(lam=0.1, grpo_coef=0.0, clip_eps=0.1)]
+    losses = []
+    for cfg in arms:
+        _, _, metrics = step(params, opt, batch, loss_cfg=cfg.traced())
+        grpo, sft = float(metrics["grpo_loss"]), float(metrics["sft_nll"])
+        assert float(metrics["loss"]) == pytest.approx(cfg.grpo_coef * grpo + cfg.lam * sft, rel=1e-5)
+        constant = jax.jit(functools.partial(train_step, graphdef, tx=tx, loss_cfg=cfg))(params, opt, batch)[2]
+        assert float(metrics["loss"]) == pytest.approx(float(constant["loss"]), rel=1e-6, abs=1e-7)
+        losses.append(float(metrics["loss"]))
+    assert step._cache_size() == 1  # one compiled program for the three arms
+    assert len(set(losses)) == 3 and sft > 0

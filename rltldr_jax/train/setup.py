@@ -8,6 +8,7 @@ metrics = update.step(batch)                                   # one optimizer s
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,19 @@ def build_policy(config: ml_collections.ConfigDict) -> Any:
     return spec.build(seed=config.seed)
 
 
+def _sharded_train_step(
+    params: nnx.State,
+    opt_state: Any,
+    batch: TrainBatch,
+    loss_cfg: LossConfig,
+    *,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """`train_step` with the loss coefficients as (traced) arguments: the function `ShardedUpdate` jits."""
+    return train_step(graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg)
+
+
 class ShardedUpdate:
     """Parameters and optimizer state on a (data, fsdp, tensor) mesh, and `train_step` jitted with those shardings
     (ZeRO-3 over fsdp, tensor parallel over tensor, the batch rows over data × fsdp).
@@ -107,19 +121,27 @@ class ShardedUpdate:
         self.shardings = (p_sh, o_sh)
         b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
         self._batch_sharding = b_sh
-        graphdef = self.graphdef
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        # The coefficients are arguments (float32 scalars, replicated), not constants: one compiled step serves every
+        # λ / grpo_coef / clip_eps / writer_sft_coef, so the arms of a grid share it (through the compilation cache).
+        self._coefs = sharding.global_batch(loss_cfg.traced(), replicated)
         self._step = jax.jit(
-            lambda p, s, b: train_step(graphdef, p, s, b, tx=tx, loss_cfg=loss_cfg),
-            in_shardings=(p_sh, o_sh, b_sh),
-            out_shardings=(p_sh, o_sh, NamedSharding(self.mesh, PartitionSpec())),
+            functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx),
+            in_shardings=(p_sh, o_sh, b_sh, replicated),
+            out_shardings=(p_sh, o_sh, replicated),
             donate_argnums=(0, 1),
         )
 
     def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
-        """One optimizer step on `batch` (updates `params` and `opt_state` in place); returns its metrics."""
+        """One optimizer step on `batch` (updates `params` and `opt_state` in place); returns its metrics.
+
+        `batch` fields are [A, M, T] / [A, M] (`TrainBatch`); each distinct (A, M, T) compiles the step once per
+        process (read from the compilation cache when an earlier process compiled it): `batching.pack` pads T to a
+        few bucket lengths for that reason.
+        """
         batch = sharding.global_batch(batch, self._batch_sharding)  # multi-process: every process holds the same batch
         with sharding.activate(self.mesh):
-            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch, self._coefs)
         return metrics
 
     def abstract(self) -> tuple[Any, Any]:

@@ -1,7 +1,9 @@
 """One optimizer step of RLTL;DR: gradient accumulation over micro-batches of L_GRPO + λ·L_SFT.
 
 Pure functions over (graphdef, params, opt_state), so the step can be jitted with explicit shardings and
-AOT-compiled from abstract shapes (benchmarks/plan_memory.py). The token counts of both loss terms are summed
+AOT-compiled from abstract shapes (benchmarks/plan_memory.py). The loss coefficients (`LossConfig`) are arguments of
+the jitted step, not constants: runs that differ only in λ, the GRPO weight, ε or the writer-SFT weight share one
+compiled program. The token counts of both loss terms are summed
 over the *whole* step batch before the first micro-batch, so accumulation and data parallelism give exactly
 the full-batch loss and gradient (see losses.py). A step whose loss or gradient norm is not finite changes nothing
 and says so (`skipped_nonfinite`); `NonFiniteGuard` counts such steps on the host and stops a run after too many in
@@ -18,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import nnx, struct
 
@@ -53,12 +56,18 @@ class TrainBatch:
 
 @struct.dataclass
 class LossConfig:
-    """The coefficients of the objective (static under jit), named as their `loss.*` config keys."""
+    """The coefficients of the objective, named as their `loss.*` config keys.
 
-    lam: float = struct.field(pytree_node=False, default=0.5)
-    grpo_coef: float = struct.field(pytree_node=False, default=1.0)
-    clip_eps: float = struct.field(pytree_node=False, default=0.2)
-    writer_sft_coef: float = struct.field(pytree_node=False, default=0.0)
+    The four coefficients are pytree leaves: `ShardedUpdate` passes them to the jitted step as float32 scalars
+    (`traced`), so runs that differ only in them (the arms of a λ sweep, GRPO vs RLTL;DR) run one compiled program,
+    read from the compilation cache by every run after the first. Nothing inside the step may branch on them in
+    Python. `logprob_chunk` shapes the program and stays static.
+    """
+
+    lam: float | jax.Array = 0.5
+    grpo_coef: float | jax.Array = 1.0
+    clip_eps: float | jax.Array = 0.2
+    writer_sft_coef: float | jax.Array = 0.0
     # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
     logprob_chunk: int = struct.field(pytree_node=False, default=128)
 
@@ -67,6 +76,10 @@ class LossConfig:
         """The coefficients of a run's `config.loss` (lam, grpo_coef, clip_eps, writer_sft_coef)."""
         c = config.loss
         return cls(lam=c.lam, grpo_coef=c.grpo_coef, clip_eps=c.clip_eps, writer_sft_coef=c.writer_sft_coef)
+
+    def traced(self) -> LossConfig:
+        """The coefficients as numpy float32 scalars (arguments of a jitted step: one program for every value)."""
+        return jax.tree.map(np.float32, self)
 
 
 #: Values of `optim.name` that `make_optimizer` builds.
@@ -216,6 +229,13 @@ def train_step(
 
     A step whose loss or gradient norm is not finite changes nothing: the parameters and the optimizer state
     are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0).
+
+    Args:
+      graphdef, params, opt_state: the policy's structure, parameters and optimizer state.
+      batch: A micro-batches of M rows of T tokens (`TrainBatch`).
+      tx: the optimizer.
+      loss_cfg: the coefficients, as Python floats (constants of the program) or float32 scalars (`LossConfig.traced`:
+        arguments of a jitted step, one program for every value); only used arithmetically, never branched on.
 
     Returns:
       (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
