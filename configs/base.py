@@ -29,7 +29,7 @@ from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES, decode_group_error
 from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
 from rltldr_jax.models.presets import PRESETS
 from rltldr_jax.sharding import mesh_sizes_error
-from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, WRITER_SFT_FILTERS
+from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, WRITER_SFT_FILTERS, length_buckets_error
 from rltldr_jax.train.sft import SFT_DATA
 from rltldr_jax.train.step import OPTIMIZERS, weight_decay_error
 
@@ -174,7 +174,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.batch.ppo_epochs = 2  # passes over the phase's examples
     c.batch.micro_batch_size = 4  # examples (steps) per device per micro-batch; one example = one step
     c.batch.grad_accum_steps = 8  # micro-batches per optimizer step; global batch = micro × accum × (data × fsdp)
-    c.batch.pad_to_multiple = 256  # example lengths are padded up to a multiple of this (fewer recompiles)
+    c.batch.pad_to_multiple = 256  # the rounding unit of the padded example lengths (length_buckets)
+    # Not in the paper: the padded lengths T of an optimizer step's [grad_accum, micro_batch, T] batch: the smallest
+    # bucket holding its longest example (the last batch of a phase keeps all its rows, empty ones padding). Each T
+    # compiles the train step once (then the compilation cache keeps it), so few buckets = few compilations:
+    #   geometric: pad_to_multiple x 1, 2, 3, 4, 6, 8, 12, ... up to rollout.max_context_tokens (2 shapes per doubling;
+    #     T < 1.5x the longest example beyond 2 x pad_to_multiple). Quick replication: T = 256, 384 where multiples
+    #     give 256, 320, 384 (one compilation fewer; 14 of 30 steps padded 320 -> 384, ~8 % slower each): batching.py
+    #   multiples: every multiple of pad_to_multiple (the least padding; one compilation per multiple)
+    #   or an increasing comma-separated list, e.g. "256,512,1024" (the last >= rollout.max_context_tokens)
+    c.batch.length_buckets = "geometric"
 
     # --- Device mesh (axes data, fsdp, tensor; -1 = all remaining devices) ---------------------------
     c.mesh = ml_collections.ConfigDict()
@@ -463,6 +472,7 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             top_k_error(c.rollout.top_k, prefix="rollout."),
             mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
             decode_group_error(c.engine.max_batch, c.engine.decode_group, prefix="engine."),
+            length_buckets_error(c.batch.length_buckets, c.batch.pad_to_multiple, c.rollout.max_context_tokens),
         ],
     )
     if c.loss.insight_rollouts != "in_context" and c.insight.schedule == "never":

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
 from rltldr_jax.envs import Task, Verdict
 from rltldr_jax.tokenization import Insight
-from rltldr_jax.train.batching import ExampleConfig, pack, phase_examples
+from rltldr_jax.train.batching import (
+    Example,
+    ExampleConfig,
+    length_buckets,
+    length_buckets_error,
+    pack,
+    phase_examples,
+)
 
 
 def _step(tok, think: str, action: str, *, forced_close: bool = False, obs: str | None = "ok") -> StepRecord:
@@ -166,3 +174,52 @@ def test_writer_sft_examples_target_the_insight_in_the_writer_context(builder):
     )  # 3 succeeded with it
     _, stats = phase_examples(attempts, builder, next_success, writer_outputs=writer_outputs)
     assert stats.writer_examples == 1
+
+
+def _plain(n: int, advantage: float = 1.0) -> Example:
+    """An example of n tokens, action mask on all but the first."""
+    return Example(
+        ids=np.arange(1, n + 1, dtype=np.int32),
+        old_logprobs=np.full(n, -1.0, np.float32),
+        action_mask=np.arange(n) > 0,
+        insight_mask=np.zeros(n, bool),
+        advantage=advantage,
+        task_id="t",
+        attempt=1,
+        step=0,
+    )
+
+
+def test_length_buckets_are_few_and_cover_the_context():
+    assert length_buckets("geometric", 64, 512) == (64, 128, 192, 256, 384, 512)
+    paper = length_buckets("geometric", 256, 32768)  # the paper's setting: 14 shapes where multiples of 256 are 128
+    assert len(paper) == 14 and paper[-1] == 32768 and all(b % 256 == 0 for b in paper)
+    assert all(b / a <= 1.5 for a, b in zip(paper[1:], paper[2:], strict=False))
+    assert length_buckets("geometric", 16, 3000)[-2:] == (2048, 3008)  # the last: max_len rounded up
+    assert length_buckets("geometric", 1024, 2048) == (1024, 2048)  # the tiny preset's
+    assert length_buckets("multiples", 64, 512) is None
+    assert length_buckets("100,300,600", 64, 512) == (100, 300, 600)
+    assert length_buckets_error("geometric", 64, 512) is None
+    assert "an increasing comma-separated list" in length_buckets_error("300,100", 64, 512)
+    assert "use e.g. 'geometric'" in length_buckets_error("pow2", 64, 512)
+    assert length_buckets_error("100,300", 64, 512) == (
+        "batch.length_buckets='100,300': the longest bucket 300 is shorter than rollout.max_context_tokens=512: add a "
+        "bucket >= 512, or lower rollout.max_context_tokens"
+    )
+
+
+def test_pack_pads_to_the_smallest_bucket_and_keeps_the_row_shape():
+    buckets = length_buckets("geometric", 64, 512)
+    examples = [_plain(n) for n in (200, 30, 150, 257, 40)]
+    batches = pack(examples, micro_batch_size=2, grad_accum_steps=2, pad_to_multiple=64, length_buckets=buckets)
+    # Steps of 4 rows: longest 257 -> 384 (multiples of 64 would give 320); the last step holds one example of 40
+    # tokens -> 64, and keeps its 4 rows (3 empty).
+    assert [b.ids.shape for b in batches] == [(2, 2, 384), (2, 2, 64)]
+    last = batches[1]
+    assert np.asarray(last.ids).reshape(4, 64)[0, :40].tolist() == list(range(1, 41))
+    assert int(np.asarray(last.action_mask).reshape(4, 64)[1:].sum()) == 0 and int(np.asarray(last.ids)[1:].sum()) == 0
+    assert np.asarray(last.advantages).reshape(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    old = pack(examples, micro_batch_size=2, grad_accum_steps=2, pad_to_multiple=64)  # length_buckets None: multiples
+    assert [b.ids.shape[-1] for b in old] == [320, 64]
+    with pytest.raises(ValueError, match=r"more than the longest of batch.length_buckets \(64, 128\)"):
+        pack([_plain(129)], micro_batch_size=1, grad_accum_steps=1, length_buckets=(64, 128))

@@ -140,6 +140,8 @@ def test_validation_errors_name_the_key_and_fix():
         ({"loss.insight_rollouts": "off_policy", "insight.schedule": "never"}, "inserts none"),
         ({"insight.content": "strategy"}, "SGE has no insight SFT"),
         ({"mesh.data": -1, "mesh.fsdp": -1}, "with at most one -1"),
+        ({"batch.length_buckets": "256,1024"}, "longest bucket 1024 is shorter than rollout.max_context_tokens=32768"),
+        ({"batch.length_buckets": "pow2"}, r"batch.length_buckets='pow2' is not one of 'geometric', 'multiples'"),
         ({"rollout.group_size": 1}, r"rollout.group_size=1: nothing can be learned .* use rollout.group_size >= 2"),
         (
             {"rollout.group_size": 1, "loss.grpo_coef": 0.0},

@@ -68,7 +68,7 @@ from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
 from rltldr_jax.sharding import MeshConfig, OnMainProcess, from_main_process, gather_objects, is_main_process
 from rltldr_jax.tokenization import context_builder
-from rltldr_jax.train.batching import Example, ExampleConfig, pack, phase_examples
+from rltldr_jax.train.batching import Example, ExampleConfig, length_buckets, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.resume import (
@@ -606,7 +606,9 @@ class _Prefetch:
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
     """The update phase's settings (Table 4, bottom): `batch.*`, the context limit `rollout.max_context_tokens` (no
-    example is longer), `train.max_logprob_gap` (0 = no check) and the run's `seed` (each epoch's example order)."""
+    example is longer), `train.max_logprob_gap` (0 = no check) and the run's `seed` (each epoch's example order).
+    `length_buckets` are the padded lengths of `batch.length_buckets` (`batching.length_buckets`; None: every
+    multiple of `pad_to_multiple`)."""
 
     ppo_epochs: int
     micro_batch_size: int
@@ -615,6 +617,7 @@ class UpdateConfig:
     max_context_tokens: int
     max_logprob_gap: float
     seed: int
+    length_buckets: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> UpdateConfig:
@@ -628,6 +631,7 @@ class UpdateConfig:
             max_context_tokens=config.rollout.max_context_tokens,
             max_logprob_gap=config.train.max_logprob_gap,
             seed=config.seed,
+            length_buckets=length_buckets(b.length_buckets, b.pad_to_multiple, config.rollout.max_context_tokens),
         )
 
 
@@ -671,6 +675,7 @@ def update_phase(
                 grad_accum_steps=config.grad_accum_steps,
                 pad_to_multiple=config.pad_to_multiple,
                 max_len=config.max_context_tokens,
+                length_buckets=config.length_buckets,
             )
             for batch in batches:
                 metrics = {k: float(v) for k, v in update.step(batch).items()}

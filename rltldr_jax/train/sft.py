@@ -31,7 +31,7 @@ from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.sharding import MeshConfig, from_main_process
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
-from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, pack
+from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
@@ -151,6 +151,7 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) ->
     )
     summary = SummaryWriter(os.path.join(workdir, "tb"))
     b = config.batch
+    buckets = length_buckets(b.length_buckets, b.pad_to_multiple, config.rollout.max_context_tokens)
     steps, t0 = 0, time.time()
     guard = NonFiniteGuard(config.train.max_nonfinite_skips)
     metrics: dict[str, float] = {
@@ -168,6 +169,7 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) ->
                 grad_accum_steps=b.grad_accum_steps,
                 pad_to_multiple=b.pad_to_multiple,
                 max_len=config.rollout.max_context_tokens,
+                length_buckets=buckets,
             ):
                 step_metrics = update.step(batch)
                 nll.append(float(step_metrics["sft_nll"]))
