@@ -20,13 +20,14 @@ tokens and logprobs (tests), and a row's arithmetic never depends on what the ot
 attends with `_one_query_attention` (the model's attention with the query axis left out of the contractions, ~2x faster
 on XLA:CPU).
 
-Measured (benchmarks/engine.py, 2-core CPU VM shared with other jobs, replicate_xs with random weights, max_batch 64,
-max_len 512, 8 requests of ~100 prompt + 96 new tokens): N x G = 1 x 64 (one [64, 1] call per token, as before)
-868 tok/s end to end, 936 tok/s decode only; 1 x 8: 2,250 / 2,885; 32 x 64: 1,060 / 1,167; 32 x 8 (the defaults):
-4,311 / 7,348 tok/s, 5.0x / 7.9x (the engine before this loop: 677 / 719 tok/s in the same session). What remains is
-model compute: a [1, 128] prefill takes ~7 ms (half of the end-to-end time) and a [8, 1] step ~0.7 ms (~190 small
-XLA:CPU ops), not the host. On an accelerator with many concurrent requests one call over all slots
-(decode_group = max_batch) may be faster than several group calls (not measured).
+Measured (benchmarks/engine.py fused; benchmarks/README.md has the table): at configs/replicate.py's shapes
+(replicate_xs, max_batch 64, max_len 512) with 8 requests of ~100 prompt + 96 new tokens on a 2-core CPU, N x G =
+1 x 64 (one [64, 1] call per token, as before) ran 751 tok/s end to end and 815 tok/s for the decode alone, 32 x 8
+(the defaults) 4,050 and 6,483: 5.4x and 8.0x (4.6-5.6x and 6.5-9.0x over five runs on a loaded machine; 5.9-6.8x and
+9.3-11.6x the engine as it was before, whose decode attention was slower too). What remains is model compute, not
+the host: a [1, 128] prefill call takes ~7 ms (about half of the end-to-end time) and a [8, 1] step ~0.7 ms (~190
+small XLA:CPU ops). On an accelerator with many concurrent requests one call over all slots (decode_group =
+max_batch) may beat several group calls (not measured).
 
 Sampling happens in float32 on the logits: temperature, then optional top-k / top-p truncation; the returned
 logprob is that of the sampled token under this (truncated, renormalised) distribution, so at temperature 1
@@ -481,7 +482,8 @@ class JaxEngine:
         return self._version
 
     def update_weights(self, params: nnx.State | Qwen35, version: int) -> None:
-        """Swaps in new parameters (a model or its `nnx.state`); later tokens use them and report `version`.
+        """Swaps in new parameters (a model or its `nnx.state`); the tokens of later calls use them and report
+        `version` (a decode call already running finishes its up to `decode_steps` tokens with the old ones).
 
         They are copied in the engine's layout and `weights_dtype`; the prefix cache is emptied before their first use.
         """
@@ -549,8 +551,8 @@ class JaxEngine:
     def abort(self, request_id: str | None = None) -> None:
         """Finishes one request (or, with None, every queued and running one) with reason "abort".
 
-        Tokens generated so far are returned with the result. Takes effect between decode steps; unknown ids
-        are ignored (the request may have finished already).
+        Tokens generated so far are returned with the result. Takes effect between decode calls (at most
+        `decode_steps` tokens later); unknown ids are ignored (the request may have finished already).
         """
         with self._lock:
             if request_id is None:
@@ -560,7 +562,8 @@ class JaxEngine:
             self._lock.notify_all()
 
     def pause(self, mode: str = "in_place") -> None:
-        """Stops admitting and decoding until `resume()`; returns once no decode step is running.
+        """Stops admitting and decoding until `resume()`; returns once no decode call (of up to `decode_steps`
+        tokens) is running.
 
         Modes as SGLang's `pause_generation`: "abort" finishes every queued and running request with reason
         "abort"; "in_place" and "retract" keep them (their caches stay in their slots) and continue them on
@@ -574,7 +577,7 @@ class JaxEngine:
             if mode == "abort":
                 self._abort_all = True
             self._lock.notify_all()
-            # The scheduler holds no lock while it runs a step; it acknowledges the pause at its next loop top
+            # The scheduler holds no lock while it runs a call; it acknowledges the pause at its next loop top
             # (and applies pending aborts first). Do not call pause() from a done-callback: it would wait for itself.
             while (self._busy or self._abort_all) and not self._closed:
                 self._lock.wait()
