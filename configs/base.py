@@ -23,6 +23,7 @@ import ml_collections
 from rltldr_jax.agent.collector import INSIGHT_AFTER, exact_group_size_error
 from rltldr_jax.agent.insight import CONTENTS, SOURCES
 from rltldr_jax.agent.schedule import POLICIES
+from rltldr_jax.compile_cache import default_cache_dir
 from rltldr_jax.engines.engine import top_k_error
 from rltldr_jax.engines.factory import ENGINE_KINDS
 from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES, decode_group_error
@@ -184,6 +185,15 @@ def get_config() -> ml_collections.ConfigDict:
     #   multiples: every multiple of pad_to_multiple (the least padding; one compilation per multiple)
     #   or an increasing comma-separated list, e.g. "256,512,1024" (the last >= rollout.max_context_tokens)
     c.batch.length_buckets = "geometric"
+
+    # --- Compilation (not in the paper) -----------------------------------------------------------------------
+    c.compile = ml_collections.ConfigDict()
+    # JAX's persistent compilation cache (rltldr_jax/compile_cache.py): every launcher and every run of a replication
+    # grid reads compiled programs from this directory and writes the new ones, so a rerun, a resumed run or another
+    # arm of a grid (the loss coefficients are traced, not compiled in) compiles nothing compiled before. Private:
+    # created 0700; another user's directory, or one others can write to, is refused. The default is
+    # $JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/rltldr_jax/xla ($XDG_CACHE_HOME/rltldr_jax/xla); "" = no cache.
+    c.compile.cache_dir = default_cache_dir()
 
     # --- Device mesh (axes data, fsdp, tensor; -1 = all remaining devices) ---------------------------
     c.mesh = ml_collections.ConfigDict()
@@ -551,6 +561,7 @@ PATH_KEYS = (
     "engine.weight_sync_dir",
     "sft.rollouts_dir",
     "pretrain.cache_dir",
+    "compile.cache_dir",
 )
 
 

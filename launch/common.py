@@ -1,6 +1,7 @@
 """What the launchers share: absl flag parsing of `--config=FILE[:PRESET]` / `--config.KEY=VALUE` with clear errors,
 path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), readable
-logging, and `run_launcher`: SIGTERM / SIGINT as one line and exit status 128 + the signal's number."""
+logging, the compilation cache every launcher uses (`use_compile_cache`: `compile.cache_dir`), and `run_launcher`:
+SIGTERM / SIGINT as one line and exit status 128 + the signal's number."""
 
 from __future__ import annotations
 
@@ -123,6 +124,18 @@ def parse_flags(argv: list[str]) -> list[str]:
                 original = cause
             cause = cause.__cause__ or cause.__context__
         sys.exit(f"error: {original if original is not None else e}")
+
+
+def use_compile_cache(cache_dir: str | None, *, key: str = "compile.cache_dir") -> str | None:
+    """JAX's persistent compilation cache in `cache_dir` (`rltldr_jax.compile_cache.enable_compile_cache`: None = the
+    default per-user directory, "" = none), before anything compiles; a directory that cannot be used exits with
+    one line naming `key` and the fix. Returns the directory (None when disabled)."""
+    from rltldr_jax.compile_cache import CompileCacheError, enable_compile_cache
+
+    try:
+        return enable_compile_cache(cache_dir, key=key)
+    except CompileCacheError as e:
+        sys.exit(f"error: {e}")
 
 
 def with_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

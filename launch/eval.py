@@ -28,7 +28,14 @@ from absl import app
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from launch.common import define_config_flags, define_path, parse_flags, quiet_logging, resolve_config  # noqa: E402
+from launch.common import (  # noqa: E402
+    define_config_flags,
+    define_path,
+    parse_flags,
+    quiet_logging,
+    resolve_config,
+    use_compile_cache,
+)
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py (its eval settings).")
 _CHECKPOINT = define_path("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
@@ -40,6 +47,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --checkpoint=DIR")
     config = resolve_config(_CONFIG, _ABLATION)
     quiet_logging()
+    use_compile_cache(config.compile.cache_dir)
     from rltldr_jax.train.evaluation import evaluate_checkpoint
 
     try:

@@ -28,7 +28,15 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from launch.common import define_config_flags, define_path, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
+from launch.common import (  # noqa: E402
+    define_config_flags,
+    define_path,
+    parse_flags,
+    quiet_logging,
+    resolve_config,
+    use_compile_cache,
+    with_pretrained,
+)
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
@@ -88,6 +96,7 @@ def main(argv: list[str]) -> None:
         print(config)
         return
     quiet_logging()
+    use_compile_cache(config.compile.cache_dir)
     config = with_pretrained(config)
     from rltldr_jax.agent.collector import save_phase
     from rltldr_jax.agent.insight import InsightWriter

@@ -23,7 +23,14 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
-from launch.common import define_config_flags, parse_flags, quiet_logging, resolve_config, with_pretrained  # noqa: E402
+from launch.common import (  # noqa: E402
+    define_config_flags,
+    parse_flags,
+    quiet_logging,
+    resolve_config,
+    use_compile_cache,
+    with_pretrained,
+)
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
 _CHECKS = flags.DEFINE_bool("checks", False, "Also run the base policy's checks (i.i.d. Pass@64, insight curves).")
@@ -48,6 +55,7 @@ def main(argv: list[str]) -> None:
     if config.pretrain.steps <= 0:
         sys.exit("error: pretrain.steps is 0 in this config: nothing to pretrain (e.g. --config=configs/replicate.py)")
     quiet_logging()
+    use_compile_cache(config.compile.cache_dir)
     config = with_pretrained(config)
     print(config.model.checkpoint)
     if _CHECKS.value:

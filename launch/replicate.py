@@ -13,7 +13,9 @@ success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`)
 checkpoint, so rerunning the command only does what is missing. A finished run trained with other settings (a
 changed `--config.KEY`, another base policy) is never reused: the command refuses, naming the runs and the keys
 that differ; `--restart` redoes those runs (each old one moved to `{workdir}.old-<time>`). `sftldr` trains offline
-on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing).
+on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing). Every run compiles
+into and reads from one compilation cache (`compile.cache_dir`, by default the user's ~/.cache/rltldr_jax/xla, shared
+with every launcher), so the arms of a grid and its reruns compile each program once.
 
 Launchers may share one `--out` (e.g. disjoint `--arms` side by side): a run, base policy or base check another
 launcher is making is waited for (one line says so), never made twice, and each launcher writes the report from
@@ -40,7 +42,7 @@ sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not 
 from ml_collections import config_flags  # noqa: E402
 
 from configs import base  # noqa: E402
-from launch.common import define_path, quiet_logging, run_launcher  # noqa: E402
+from launch.common import define_path, quiet_logging, run_launcher, use_compile_cache  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -110,11 +112,9 @@ def main(argv: list[str]) -> None:
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
     quiet_logging()
-    import jax
-
-    # The grid's runs compile the same programs: compile each once (an on-disk cache, reused by reruns).
-    jax.config.update("jax_compilation_cache_dir", os.path.join(out, "xla-cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # The grid's runs compile the same programs (every arm: the loss coefficients are traced): each is compiled once,
+    # by the first run that needs it, into the compilation cache (compile.cache_dir) that every run process reads.
+    use_compile_cache(_CONFIG.value.compile.cache_dir)
     if not _VERBOSE.value:
         for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
             logging.getLogger(name).setLevel(logging.WARNING)

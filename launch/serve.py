@@ -29,6 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from configs.base import absolute_path  # noqa: E402
+from launch.common import use_compile_cache  # noqa: E402
 from rltldr_jax.engines.sglang_proto import API_KEY_ENV  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
@@ -100,6 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter and compute dtype")
     p.add_argument("--weight_version", type=int, default=0, help="version label of the initial weights")
     p.add_argument("--no_warmup", action="store_true", help="skip compiling before reporting ready")
+    p.add_argument(
+        "--compile_cache_dir",
+        type=absolute_path,
+        default=None,
+        help="JAX's persistent compilation cache, a private directory (rltldr_jax/compile_cache.py); default: "
+        "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/rltldr_jax/xla; '' = none",
+    )
     p.add_argument("--allow_nonfinite", action="store_true", help="serve --model_path even if its weights hold NaN/inf")
     args = p.parse_args(argv)
     if args.api_key is None:
@@ -241,6 +249,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_compile_cache(args.compile_cache_dir, key="--compile_cache_dir")  # a restarted server compiles nothing again
     asyncio.run(serve(args))
 
 

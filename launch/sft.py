@@ -23,7 +23,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # configs/ is a directory of the repository, not an installed package
 
 from configs import ablations  # noqa: E402
-from launch.common import define_config_flags, quiet_logging, resolve_config, run_launcher  # noqa: E402
+from launch.common import (  # noqa: E402
+    define_config_flags,
+    quiet_logging,
+    resolve_config,
+    run_launcher,
+    use_compile_cache,
+)
 from launch.multihost import base_policy, show_progress, start_distributed  # noqa: E402
 
 _CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
@@ -56,6 +62,7 @@ def main(argv: list[str]) -> None:
         print(config)
         return
     quiet_logging()
+    use_compile_cache(config.compile.cache_dir)  # before anything compiles
     start_distributed()  # before any other JAX call; a single process without flags runs alone
     config = base_policy(config)
     from rltldr_jax.checkpoint import CheckpointSaveError

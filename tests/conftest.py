@@ -9,18 +9,25 @@ import os
 import jax
 import pytest
 
-# Compiled XLA programs are cached on disk, so the many Trainers/engines the tests build with the same shapes
-# compile once per session (and once per machine across sessions); tracing still runs every time. The environment
-# variables give the same cache to every subprocess the tests start (launch/*.py, servers, notebooks), so a program
-# compiled in one process is read by the others.
-XLA_CACHE = os.environ.get(
-    "RLTLDR_TEST_XLA_CACHE",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "xla"),
+from rltldr_jax.compile_cache import enable_compile_cache  # noqa: E402
+
+# Compiled XLA programs are cached on disk (every one, however small: rltldr_jax/compile_cache.py), so the many
+# Trainers/engines the tests build with the same shapes compile once per session (and once per machine across
+# sessions); tracing still runs every time. The environment variables give the same cache to every subprocess the
+# tests start: launchers take $JAX_COMPILATION_CACHE_DIR as their compile.cache_dir default, servers, notebooks and
+# other scripts read it (and the two thresholds) as JAX does. So a program compiled in one process is read by the
+# others.
+XLA_CACHE = enable_compile_cache(
+    os.environ.get(
+        "RLTLDR_TEST_XLA_CACHE",
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "xla"),
+    ),
+    key="RLTLDR_TEST_XLA_CACHE",
 )
-jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+if XLA_CACHE:  # (RLTLDR_TEST_XLA_CACHE="": no cache)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer, load_tokenizer  # noqa: E402 (after the cache is set)
 

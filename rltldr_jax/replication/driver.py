@@ -41,6 +41,7 @@ import numpy as np
 
 from rltldr_jax.agent.collector import PhaseResult
 from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, write_curves
+from rltldr_jax.compile_cache import enable_compile_cache
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import (
     Run,
@@ -106,12 +107,8 @@ def _exit_with_parent(parent: int) -> None:
 def _in_child(
     fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool
 ) -> Any:
-    import jax
-
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    if xla_cache:
-        jax.config.update("jax_compilation_cache_dir", xla_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    enable_compile_cache(xla_cache or "")  # the parent's cache (checked there), with the same settings
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
     if handler:
@@ -123,8 +120,9 @@ def _in_child(
 
 
 def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` in a fresh process, with this process's logging levels and compilation cache; returns
-    its result or raises its exception. Every run of a grid gets its own memory (compiled programs and engines are
+    """`fn(*args, **kwargs)` in a fresh process, with this process's logging levels and compilation cache (the
+    directory this process uses, `compile_cache.enable_compile_cache`; none if it uses none); returns its result or
+    raises its exception. Every run of a grid gets its own memory (compiled programs and engines are
     freed when it ends), and a crash ends only that call."""
     import jax
 
@@ -134,7 +132,8 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # launcher alone, which passes it on once (below), so one signal is one request in the worker too.
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=os.setpgrp) as pool:
-        future = pool.submit(_in_child, fn, args, kwargs, jax.config.jax_compilation_cache_dir, levels, handler)
+        cache = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+        future = pool.submit(_in_child, fn, args, kwargs, cache, levels, handler)
         stop: Interrupted | None = None
         while True:
             try:

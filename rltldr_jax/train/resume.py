@@ -31,7 +31,7 @@ from rltldr_jax import sharding
 log = logging.getLogger(__name__)
 
 #: Config keys (a trailing "." means every key below) that may change when a run is resumed: where things go,
-#: how long it runs, how it is evaluated and served, how it is sharded and compiled (padding),
+#: how long it runs, how it is evaluated and served, how it is sharded and compiled (padding, compilation cache),
 #: memory and logging. Every other key (seed, tokenizer, model.* but remat/allow_nonfinite, env.*, rollout.* but
 #: save_rollouts, insight.*, loss.*, optim.*, batch.* but pad_to_multiple/length_buckets, sft.*, mode, ...) defines
 #: what the run trains and may change only with `allow_config_change` (`--allow_config_change`).
@@ -47,6 +47,7 @@ RESUME_FREE_KEYS = (
     "rollout.save_rollouts",
     "batch.pad_to_multiple",
     "batch.length_buckets",
+    "compile.",
     "pretrain.cache_dir",
     "pretrain.shipped",
 )
