@@ -102,8 +102,8 @@ DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 WEIGHTS_DTYPES = ("", "float32", "bfloat16")
 # Fused decode (module doc): up to DEFAULT_DECODE_STEPS tokens per device call, slots decoded in groups of
-# DEFAULT_DECODE_GROUP rows (fewer when max_batch is smaller). A request's stop ids are checked on the device when it
-# has at most MAX_STOP_IDS of them; a group holding a request with more decodes one token per call instead.
+# DEFAULT_DECODE_GROUP rows (fewer when max_batch is smaller). The device ends a call at a request's first
+# MAX_STOP_IDS stop ids; the host checks them all after each call (tokens sampled past a later one are dropped).
 DEFAULT_DECODE_STEPS = 32
 DEFAULT_DECODE_GROUP = 8
 MAX_STOP_IDS = 8
@@ -444,7 +444,7 @@ class JaxEngine:
         self._key_shape = jax.random.key_data(jax.random.key(0)).shape
         # Per-slot decode inputs (numpy, [max_batch, ...]), written when a request is admitted and after each call:
         # the last token, the sampling parameters, the key data, tokens so far, the token budget and the stop ids
-        # (padded with -1 to MAX_STOP_IDS; a request with more sets `_many_stops`, checked on the host).
+        # (the first MAX_STOP_IDS, padded with -1; `_stop_sets` holds them all for the host's check).
         self._active = np.zeros((max_batch,), bool)
         self._last = np.zeros((max_batch,), np.int32)
         self._temperature = np.ones((max_batch,), np.float32)
@@ -454,7 +454,6 @@ class JaxEngine:
         self._counts = np.zeros((max_batch,), np.int32)
         self._limits = np.ones((max_batch,), np.int32)
         self._stop_ids = np.full((max_batch, MAX_STOP_IDS), -1, np.int32)
-        self._many_stops = np.zeros((max_batch,), bool)
         self._stop_sets: list[frozenset[int]] = [frozenset()] * max_batch
         self._queue: deque[tuple[GenerationRequest, Callable[[GenerationResult], None]]] = deque()
         self._lock = threading.Condition()
