@@ -30,6 +30,7 @@ sys.path.insert(0, REPO_ROOT)
 
 from configs.base import absolute_path  # noqa: E402
 from launch.common import use_compile_cache  # noqa: E402
+from rltldr_jax.engines.jax_engine import DEFAULT_DECODE_GROUP, DEFAULT_DECODE_STEPS, decode_group_error  # noqa: E402
 from rltldr_jax.engines.sglang_proto import API_KEY_ENV  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
@@ -71,6 +72,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--http_port", type=int, help="also serve SGLang's HTTP POST /update_weights_from_disk here (0: free port)"
     )
     p.add_argument("--max_batch", type=int, default=8, help="sequences decoded concurrently")
+    p.add_argument(
+        "--decode_steps", type=int, default=DEFAULT_DECODE_STEPS, help="decode steps per device call (engine doc)"
+    )
+    p.add_argument(
+        "--decode_group",
+        type=int,
+        default=DEFAULT_DECODE_GROUP,
+        help="slots per decode call; must divide --max_batch (--decode_group=MAX_BATCH: one call over all slots)",
+    )
     p.add_argument(
         "--batched_prefill",
         action="store_true",
@@ -127,6 +137,10 @@ def argument_error(args: argparse.Namespace) -> str | None:
             return f"--{flag} must be in [0, 65535] (0 picks a free port), got {value}"
     if args.max_batch < 1:
         return f"--max_batch must be >= 1, got {args.max_batch}"
+    if args.decode_steps < 1:
+        return f"--decode_steps must be >= 1, got {args.decode_steps}"
+    if (problem := decode_group_error(args.max_batch, args.decode_group, prefix="--")) is not None:
+        return problem
     if args.max_len < 2:
         return f"--max_len must be >= 2 (a prompt token and a new one), got {args.max_len}"
     if args.api_key is not None and not args.api_key.strip():
@@ -189,6 +203,8 @@ def build_engine(args: argparse.Namespace):
         prefill_chunk=args.prefill_chunk,
         prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
         weights_dtype=args.weights_dtype,
+        decode_steps=args.decode_steps,
+        decode_group=args.decode_group,
     )
     return engine, dtype, fingerprint
 

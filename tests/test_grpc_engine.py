@@ -461,6 +461,12 @@ def serve_module():
         ("--http_port=70000", "--http_port must be in [0, 65535] (0 picks a free port), got 70000"),
         ("--weight_version=-1", "--weight_version must be >= 0, got -1"),
         ("--prefill_chunk=24", "--prefill_chunk must be a power of two >= 16, got 24"),
+        ("--decode_steps=0", "--decode_steps must be >= 1, got 0"),
+        (
+            "--max_batch=12",  # was: a traceback from the engine (groups of 8 do not tile 12 slots)
+            "--decode_group=8 does not divide --max_batch=12: set --decode_group to a divisor of max_batch (or "
+            "max_batch a multiple of it)",
+        ),
     ],
 )
 def test_serve_refuses_bad_flags_in_one_line(serve_module, capsys, flag, message):
