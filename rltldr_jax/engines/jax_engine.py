@@ -76,18 +76,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rltldr_jax import sharding
 from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
 from rltldr_jax.engines.prefix_cache import MIN_CHUNK_BUCKET, PrefixCache, PrefixStats, prefill_chunked
 from rltldr_jax.models.qwen3_5 import (
     Attention,
-    AttentionCache,
     DecodeState,
     Qwen35,
     RowLinear,
-    apply_rope,
     init_decode_state,
-    rope_cos_sin,
     unroll,
     unroll_state,
 )
@@ -181,33 +177,15 @@ def _one_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Ar
 
 
 class _DecodeAttention(Attention):
-    """`Attention` whose one-token decode step uses `_one_query_attention`; every other call is the model's own.
-    The decode branch mirrors `Attention.__call__` (models/qwen3_5.py) line for line up to the attention itself;
-    the tests hold the engine's logprobs to the model's teacher-forced ones."""
+    """`Attention` whose one-token decode step attends with `_one_query_attention` (the query axis left out of the
+    contractions); everything else is the model's own. The tests hold the engine's logprobs to the model's
+    teacher-forced ones."""
 
-    def __call__(
-        self, x: jax.Array, positions: jax.Array, cache: AttentionCache | None, lengths: jax.Array | None
-    ) -> tuple[jax.Array, AttentionCache | None]:
-        """x: [B, T, d]; positions: [B, T]; with a cache the new keys go to slots lengths[b] + [0, T)."""
-        b, t, _ = x.shape
-        if cache is None or t != 1:
-            return super().__call__(x, positions, cache, lengths)
-        c = self.config
-        q_and_gate = self.q_proj(x).reshape(b, t, c.num_attention_heads, 2 * c.head_dim)
-        q, gate = q_and_gate[..., : c.head_dim], q_and_gate[..., c.head_dim :]
-        q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
-        v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
-        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
-        heads = ("batch", "length", None, None)
-        q, k, v = (sharding.constrain(a, heads) for a in (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
-        write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0))
-        k_all = write(cache.k, k.astype(cache.k.dtype), lengths)
-        v_all = write(cache.v, v.astype(cache.v.dtype), lengths)
-        slots = jnp.broadcast_to(jnp.arange(k_all.shape[1], dtype=jnp.int32), (b, k_all.shape[1]))
-        out = _one_query_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots)
-        out = out.reshape(b, t, -1) * jax.nn.sigmoid(gate.reshape(b, t, -1))
-        return self.o_proj(out), AttentionCache(k_all, v_all)
+    def cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, slots: jax.Array):
+        """q [B, T, H, D] over the cache k, v [B, S, Hk, D]: `_one_query_attention` when T = 1, else the model's."""
+        if q.shape[1] != 1:
+            return super().cached_attention(q, k, v, positions, slots)
+        return _one_query_attention(q, k, v, positions, slots)
 
 
 def _engine_graphdef(graphdef: nnx.GraphDef, params: nnx.State, *, mixed: bool) -> nnx.GraphDef:

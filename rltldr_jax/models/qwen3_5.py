@@ -457,11 +457,16 @@ class Attention(nnx.Module):
             k_all = write(cache.k, k.astype(cache.k.dtype), lengths)
             v_all = write(cache.v, v.astype(cache.v.dtype), lengths)
             slots = jnp.broadcast_to(jnp.arange(k_all.shape[1], dtype=jnp.int32), (b, k_all.shape[1]))
-            impl = self.attention_impl if t > 1 else "xla"  # decode: one query against the cache
-            out = attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots, impl=impl)
+            out = self.cached_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, slots)
             new_cache = AttentionCache(k_all, v_all)
         out = out.reshape(b, t, -1) * jax.nn.sigmoid(gate.reshape(b, t, -1))
         return self.o_proj(out), new_cache
+
+    def cached_attention(self, q: Array, k: Array, v: Array, positions: Array, slots: Array) -> Array:
+        """Attention of the new queries q [B, T, H, D] over the whole cache k, v [B, S, Hk, D] (keys at `slots`
+        [B, S], queries at `positions` [B, T]); a subclass may swap the kernel (the engine's decode step does)."""
+        impl = self.attention_impl if q.shape[1] > 1 else "xla"  # decode: one query against the cache
+        return attention(q, k, v, positions, slots, impl=impl)
 
 
 class GatedDeltaNet(nnx.Module):
