@@ -152,11 +152,21 @@ def instrument(trainer: Any, profile: Profile) -> None:
     step = trainer.update.step
 
     def counted_step(batch):
-        targets = np.asarray(batch.action_mask | batch.insight_mask | batch.writer_mask)
-        rows = targets.reshape(-1, targets.shape[-1])
-        used = np.where(rows.any(-1), rows.shape[-1] - np.argmax(rows[:, ::-1], axis=-1), 0)
+        targets = np.asarray(batch.action_mask | batch.insight_mask | batch.writer_mask)  # [A, M, T]
+        t = targets.shape[-1]
+        rows = targets.reshape(-1, t)
+        # Each example's tokens up to its last target (a packed row holds several: its segments).
+        packed = batch.segments is not None
+        segments = np.asarray(batch.segments).reshape(-1, t) if packed else np.ones(rows.shape, np.int32)
+        used = []
+        for row, seg in zip(rows, segments, strict=True):
+            for s in np.unique(seg[row]):
+                where = np.flatnonzero(seg == s)
+                used.append(where[row[where]].max() - where[0] + 1)
+        used = np.asarray(used, np.float64)
         profile.count("update", "trained tokens", float(used.sum()))
-        profile.count("update", "computed tokens", float(rows.size))
+        # Micro-batches without a target are skipped by the train step.
+        profile.count("update", "computed tokens", float(targets.any(axis=(1, 2)).sum() * targets[0].size))
         profile.count("update", "trained token-contexts", float((used * used / 2).sum()))
         metrics = profile.timed("device", step)(batch)
         jax.block_until_ready((trainer.update.params, trainer.update.opt_state))

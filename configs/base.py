@@ -185,6 +185,11 @@ def get_config() -> ml_collections.ConfigDict:
     #   multiples: every multiple of pad_to_multiple (the least padding; one compilation per multiple)
     #   or an increasing comma-separated list, e.g. "256,512,1024" (the last >= rollout.max_context_tokens)
     c.batch.length_buckets = "geometric"
+    # Not in the paper: sequence packing. 0 = one example per row (the layout above). R > 0 = each optimizer step's
+    # micro_batch_size x grad_accum_steps examples (the same steps and loss) are packed several to a row of the longest
+    # bucket, R rows per micro-batch (a multiple of data x fsdp), and the rows left empty are skipped at run time: one
+    # compiled train step for every phase, and little padding (batching.pack). The replication's configs use it.
+    c.batch.pack_rows = 0
 
     # --- Compilation (not in the paper) -----------------------------------------------------------------------
     c.compile = ml_collections.ConfigDict()
@@ -381,6 +386,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "batch.micro_batch_size": (1, None, True, True),
     "batch.grad_accum_steps": (1, None, True, True),
     "batch.pad_to_multiple": (1, None, True, True),
+    "batch.pack_rows": (0, None, True, True),
     "engine.max_batch": (1, None, True, True),
     "engine.prefix_cache_mb": (0, None, True, True),
     "engine.prefill_chunk": (16, None, True, True),

@@ -95,9 +95,9 @@ def grpo_loss(
       advantages: [B] per-rollout advantages (broadcast over tokens) or [B, T] per-token.
       action_mask: [B, T] bool/0-1, the tokens sampled in the example's step.
       clip_eps: ε of the clip (a Python float or a traced scalar).
-      detach_ratio: optional [B] bool: rows trained without an importance ratio (RLTF-SD's advantage-weighted
-        likelihood): their old logprobs are the current ones, detached, so the ratio is 1 (never clipped) and the
-        gradient is −A·∇log π_θ.
+      detach_ratio: optional [B] bool (or [B, T] per token, packed rows): rows trained without an importance ratio
+        (RLTF-SD's advantage-weighted likelihood): their old logprobs are the current ones, detached, so the ratio
+        is 1 (never clipped) and the gradient is −A·∇log π_θ.
 
     Returns:
       `GRPOTerms` of scalar sums; the loss contribution is `loss_sum / global_count`.
@@ -107,9 +107,9 @@ def grpo_loss(
     if advantages.ndim == 1:
         advantages = advantages[:, None]
     if detach_ratio is not None:
-        old_logprobs = jnp.where(
-            jnp.asarray(detach_ratio, bool)[:, None], jax.lax.stop_gradient(logprobs), old_logprobs
-        )
+        detach = jnp.asarray(detach_ratio, bool)
+        detach = detach[:, None] if detach.ndim == 1 else detach
+        old_logprobs = jnp.where(detach, jax.lax.stop_gradient(logprobs), old_logprobs)
     ratio = jnp.exp(logprobs.astype(jnp.float32) - jax.lax.stop_gradient(old_logprobs).astype(jnp.float32))
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages

@@ -248,14 +248,23 @@ def resolve_attention_impl(impl: str, dtype, head_dim: int) -> str:
 
 
 def causal_attention(
-    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, chunk: int = ATTENTION_QUERY_CHUNK
+    q: Array,
+    k: Array,
+    v: Array,
+    q_pos: Array,
+    k_pos: Array,
+    chunk: int = ATTENTION_QUERY_CHUNK,
+    q_seg: Array | None = None,
+    k_seg: Array | None = None,
 ) -> Array:
-    """Grouped-query attention where query i sees key j iff k_pos[j] <= q_pos[i].
+    """Grouped-query attention where query i sees key j iff k_pos[j] <= q_pos[i] (and, with segments, iff both are
+    in the same segment).
 
     Args:
       q: [B, T, H, D]; k, v: [B, S, KV, D] with H % KV == 0 (query head h uses KV head h // (H/KV)).
       q_pos: [B, T] positions of the queries; k_pos: [B, S] positions of the keys (a large value masks a key).
       chunk: queries per step; scores [B, KV, H/KV, chunk, S] are the peak memory, in fp32.
+      q_seg, k_seg: optional [B, T], [B, S] int32 segment ids (packed sequences: a query sees only its segment's keys).
 
     Returns:
       [B, T, H, D] in q.dtype.
@@ -265,22 +274,25 @@ def causal_attention(
     g = h // kv
     scale = d**-0.5
 
-    def attend(qc: Array, qpos: Array) -> Array:  # qc [B, c, H, D], qpos [B, c]
+    def attend(qc: Array, qpos: Array, qseg: Array | None = None) -> Array:  # qc [B, c, H, D], qpos [B, c]
         qg = qc.reshape(b, qc.shape[1], kv, g, d)
         scores = jnp.einsum("bckgd,bskd->bkgcs", qg, k, preferred_element_type=jnp.float32) * scale
         mask = k_pos[:, None, None, None, :] <= qpos[:, None, None, :, None]
+        if qseg is not None:
+            mask = mask & (k_seg[:, None, None, None, :] == qseg[:, None, None, :, None])
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgcs,bskd->bckgd", probs, v, preferred_element_type=jnp.float32)
         return out.reshape(b, qc.shape[1], h, d).astype(q.dtype)
 
     if t <= chunk:
-        return attend(q, q_pos)
+        return attend(q, q_pos, q_seg)
     n = -(-t // chunk)
     pad = n * chunk - t
     qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, d).swapaxes(0, 1)
     pp = jnp.pad(q_pos, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-    out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs), (qp, pp))  # [n, B, c, H, D]
+    xs = (qp, pp) if q_seg is None else (qp, pp, jnp.pad(q_seg, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1))
+    out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs), xs)  # [n, B, c, H, D]
     return out.swapaxes(0, 1).reshape(b, n * chunk, h, d)[:, :t]
 
 
@@ -292,6 +304,8 @@ def blocked_causal_attention(
     k_pos: Array,
     chunk: int = ATTENTION_BLOCK,
     key_block: int = ATTENTION_BLOCK,
+    q_seg: Array | None = None,
+    k_seg: Array | None = None,
 ) -> Array:
     """`causal_attention` that skips the key blocks no query of a chunk can see (flash-attention style).
 
@@ -309,6 +323,7 @@ def blocked_causal_attention(
         k_pos[j] <= q_pos[i]; a large value masks a key).
       chunk: queries per chunk; key_block: keys per block. Scores [B, KV, H/KV, chunk, key_block] fp32 are the
         largest temporaries; each query chunk is rematerialised in the backward pass.
+      q_seg, k_seg: optional segment ids, as in `causal_attention`.
 
     Returns:
       [B, T, H, D] in q.dtype.
@@ -346,15 +361,25 @@ def blocked_causal_attention(
         .swapaxes(0, 1)
     )
     first_key = kp.min(axis=2)  # [m, B]
+    segmented = q_seg is not None
+    if segmented:  # padded queries and keys get segments no real token has
+        sp = jnp.pad(q_seg, ((0, 0), (0, n * chunk - t)), constant_values=-1).reshape(b, n, chunk).swapaxes(0, 1)
+        ks = jnp.pad(k_seg, ((0, 0), (0, m * key_block - s)), constant_values=-2)
+        ks = ks.reshape(b, m, key_block).swapaxes(0, 1)
+    else:  # placeholders, never read
+        sp, ks = jnp.zeros((n, 1, 1), jnp.int32), jnp.zeros((m, 1, 1), jnp.int32)
 
     def one_chunk(xs):
-        qc, qpos = xs  # [B, KV, G, c, D], [B, c]
+        qc, qpos, qseg = xs  # [B, KV, G, c, D], [B, c], [B, c]
         last_query = qpos.max(axis=1)  # [B]
 
-        def update(carry, kc, vc, kpos):
+        def update(carry, kc, vc, kpos, kseg):
             mx, den, acc = carry
             scores = jnp.einsum("bkgcd,bksd->bkgcs", qc, kc, preferred_element_type=jnp.float32) * scale
-            scores = jnp.where(kpos[:, None, None, None, :] <= qpos[:, None, None, :, None], scores, lowest)
+            mask = kpos[:, None, None, None, :] <= qpos[:, None, None, :, None]
+            if segmented:
+                mask = mask & (kseg[:, None, None, None, :] == qseg[:, None, None, :, None])
+            scores = jnp.where(mask, scores, lowest)
             new_mx = jnp.maximum(mx, scores.max(axis=-1))
             p = jnp.exp(scores - new_mx[..., None])
             alpha = jnp.exp(mx - new_mx)
@@ -362,21 +387,29 @@ def blocked_causal_attention(
             return new_mx, den * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv
 
         def body(carry, ys):
-            kc, vc, kpos, first = ys
+            kc, vc, kpos, kseg, first = ys
             visible = jnp.any(first <= last_query)
-            return jax.lax.cond(visible, lambda c: update(c, kc, vc, kpos), lambda c: c, carry), None
+            return jax.lax.cond(visible, lambda c: update(c, kc, vc, kpos, kseg), lambda c: c, carry), None
 
         stats = qc.shape[:-1]
         init = (jnp.full(stats, lowest, jnp.float32), jnp.zeros(stats, jnp.float32), jnp.zeros(qc.shape, jnp.float32))
-        (_, den, acc), _ = jax.lax.scan(body, init, (kb, vb, kp, first_key))
+        (_, den, acc), _ = jax.lax.scan(body, init, (kb, vb, kp, ks, first_key))
         return (acc / jnp.where(den > 0, den, 1.0)[..., None]).astype(q.dtype)
 
-    out = jax.lax.map(jax.checkpoint(one_chunk), (qp, pp))  # [n, B, KV, G, c, D]
+    out = jax.lax.map(jax.checkpoint(one_chunk), (qp, pp, sp))  # [n, B, KV, G, c, D]
     return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, n * chunk, h, d)[:, :t]
 
 
 def cudnn_causal_attention(
-    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, in_order: bool = False
+    q: Array,
+    k: Array,
+    v: Array,
+    q_pos: Array,
+    k_pos: Array,
+    *,
+    in_order: bool = False,
+    q_seg: Array | None = None,
+    k_seg: Array | None = None,
 ) -> Array:
     """`causal_attention` by cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`).
 
@@ -386,29 +419,42 @@ def cudnn_causal_attention(
       in_order: the keys are the queries' own tokens (S == T) with positions increasing along each row, so the mask
         k_pos[j] <= q_pos[i] is j <= i: cuDNN's causal mask, which skips the masked blocks (a full forward, training).
         Otherwise the position mask goes to cuDNN as a [B, 1, T, S] mask (a prefill into a decode cache).
+      q_seg, k_seg: optional segment ids (`causal_attention`); they go to cuDNN in the [B, 1, T, S] mask.
 
     Returns:
       [B, T, H, D] in q.dtype.
     """
     k, v = k.astype(q.dtype), v.astype(q.dtype)
-    if in_order:
+    if in_order and q_seg is None:
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     mask = k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+    if q_seg is not None:
+        mask = mask & (k_seg[:, None, None, :] == q_seg[:, None, :, None])
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
 
 
 def attention(
-    q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array, *, impl: str = "auto", in_order: bool = False
+    q: Array,
+    k: Array,
+    v: Array,
+    q_pos: Array,
+    k_pos: Array,
+    *,
+    impl: str = "auto",
+    in_order: bool = False,
+    q_seg: Array | None = None,
+    k_seg: Array | None = None,
 ) -> Array:
     """Causal GQA attention by the implementation `impl` (one of ATTENTION_IMPLS; "auto" resolved for q's dtype and
-    the default device): q [B, T, H, D], k, v [B, S, KV, D], positions as in `causal_attention` → [B, T, H, D].
-    `in_order` as in `cudnn_causal_attention` (only the cuDNN path uses it)."""
+    the default device): q [B, T, H, D], k, v [B, S, KV, D], positions and optional segment ids as in
+    `causal_attention` → [B, T, H, D]. `in_order` as in `cudnn_causal_attention` (only the cuDNN path uses it)."""
     impl = resolve_attention_impl(impl, q.dtype, q.shape[-1])
+    segs = {"q_seg": q_seg, "k_seg": k_seg}
     if impl == "blocked":
-        return blocked_causal_attention(q, k, v, q_pos, k_pos, chunk=ATTENTION_BLOCK, key_block=ATTENTION_BLOCK)
+        return blocked_causal_attention(q, k, v, q_pos, k_pos, chunk=ATTENTION_BLOCK, key_block=ATTENTION_BLOCK, **segs)
     if impl == "cudnn":
-        return cudnn_causal_attention(q, k, v, q_pos, k_pos, in_order=in_order)
-    return causal_attention(q, k, v, q_pos, k_pos)
+        return cudnn_causal_attention(q, k, v, q_pos, k_pos, in_order=in_order, **segs)
+    return causal_attention(q, k, v, q_pos, k_pos, **segs)
 
 
 class Attention(nnx.Module):
@@ -435,9 +481,16 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
 
     def __call__(
-        self, x: Array, positions: Array, cache: AttentionCache | None, lengths: Array | None
+        self,
+        x: Array,
+        positions: Array,
+        cache: AttentionCache | None,
+        lengths: Array | None,
+        segments: Array | None = None,
     ) -> tuple[Array, AttentionCache | None]:
-        """x: [B, T, d]; positions: [B, T]. With a cache, the new keys go to slots lengths[b] + [0, T)."""
+        """x: [B, T, d]; positions: [B, T] (RoPE's). With a cache, the new keys go to slots lengths[b] + [0, T).
+        segments: [B, T] ids of packed sequences (full forward only): a token sees the earlier tokens of its own
+        segment, whatever the positions."""
         c = self.config
         b, t, _ = x.shape
         q_and_gate = self.q_proj(x).reshape(b, t, c.num_attention_heads, 2 * c.head_dim)
@@ -449,7 +502,13 @@ class Attention(nnx.Module):
         heads = ("batch", "length", None, None)
         q, k, v = (sharding.constrain(t, heads) for t in (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
 
-        if cache is None:
+        if cache is None and segments is not None:
+            order = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # causal by token order
+            out = attention(
+                q, k, v, order, order, impl=self.attention_impl, in_order=True, q_seg=segments, k_seg=segments
+            )
+            new_cache = None
+        elif cache is None:
             out = attention(q, k, v, positions, positions, impl=self.attention_impl, in_order=True)
             new_cache = None
         else:
@@ -495,9 +554,10 @@ class GatedDeltaNet(nnx.Module):
         self.dtype = dtype
 
     def __call__(
-        self, x: Array, cache: DeltaNetCache | None, valid: Array | None
+        self, x: Array, cache: DeltaNetCache | None, valid: Array | None, segments: Array | None = None
     ) -> tuple[Array, DeltaNetCache | None]:
-        """x: [B, T, d]. valid: [B, T] bool (right padding) or None; padded tokens leave the state unchanged."""
+        """x: [B, T, d]. valid: [B, T] bool (right padding) or None; padded tokens leave the state unchanged.
+        segments: [B, T] ids of packed sequences (full forward only): each starts from a zero state and conv window."""
         c = self.config
         b, t, _ = x.shape
         k_size = c.linear_conv_kernel_dim
@@ -511,7 +571,12 @@ class GatedDeltaNet(nnx.Module):
         past = jnp.zeros((b, k_size - 1, c.conv_dim), mixed.dtype) if cache is None else cache.conv.astype(mixed.dtype)
         padded = jnp.concatenate([past, mixed], axis=1)  # [B, K−1+T, C]
         w = self.conv_weight[...].astype(mixed.dtype)
-        conv = sum(padded[:, j : j + t] * w[j] for j in range(k_size))
+        if segments is None:
+            conv = sum(padded[:, j : j + t] * w[j] for j in range(k_size))
+        else:  # tap j reads token i - (K-1) + j only if it is in token i's segment
+            seg = jnp.concatenate([jnp.repeat(segments[:, :1], k_size - 1, axis=1), segments], axis=1)
+            same = [(seg[:, j : j + t] == segments)[..., None].astype(mixed.dtype) for j in range(k_size)]
+            conv = sum(padded[:, j : j + t] * same[j] * w[j] for j in range(k_size))
         conv = jax.nn.silu(conv)
         q, k, v = jnp.split(conv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
         q = q.reshape(b, t, c.linear_num_key_heads, c.linear_key_head_dim)
@@ -526,7 +591,8 @@ class GatedDeltaNet(nnx.Module):
         g, beta = (sharding.constrain(t, heads[:3]) for t in (g, beta))
         initial = None if cache is None else cache.ssm
         rule = gated_delta.recurrent_gated_delta_rule if t == 1 else gated_delta.chunk_gated_delta_rule
-        o, state = rule(q, k, v, g, beta, initial_state=initial)
+        extra = {} if segments is None else {"segments": segments}
+        o, state = rule(q, k, v, g, beta, initial_state=initial, **extra)
 
         new_cache = None
         if cache is not None:
@@ -559,12 +625,12 @@ class DecoderLayer(nnx.Module):
             self.linear_attn = GatedDeltaNet(config, dtype, param_dtype, rngs, rows)
         self.mlp = MLP(config, dtype, param_dtype, rngs, rows)
 
-    def __call__(self, x, positions, cache, lengths, valid):
+    def __call__(self, x, positions, cache, lengths, valid, segments=None):
         h = self.input_layernorm(x)
         if self.kind == FULL:
-            h, cache = self.self_attn(h, positions, cache, lengths)
+            h, cache = self.self_attn(h, positions, cache, lengths, segments)
         else:
-            h, cache = self.linear_attn(h, cache, valid)
+            h, cache = self.linear_attn(h, cache, valid, segments)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -608,11 +674,11 @@ class Block(nnx.Module):
             ]
         )
 
-    def __call__(self, x, positions, caches, lengths, valid, remat: bool = False):
+    def __call__(self, x, positions, caches, lengths, valid, remat: bool = False, segments=None):
         """Scans each run's layers in order; returns (x, per-run caches)."""
 
         def layer_fn(layer, h, cache):
-            return layer(h, positions, cache, lengths, valid)
+            return layer(h, positions, cache, lengths, valid, segments)
 
         new_caches = []
         for run, cache in zip(self.runs, caches, strict=True):
@@ -705,16 +771,23 @@ class Qwen35(nnx.Module):
         positions: Array | None = None,
         state: DecodeState | None = None,
         valid: Array | None = None,
+        segments: Array | None = None,
     ) -> tuple[Array, DecodeState | None]:
         """Final-norm hidden states [B, T, d] and, with a decode state, the updated state.
 
         Args:
           ids: [B, T] int token ids.
-          positions: [B, T] positions; default arange(T), or lengths[b] + arange(T) with a state.
+          positions: [B, T] positions; default arange(T), or lengths[b] + arange(T) with a state, or with `segments`
+            each token's index within its segment (`segment_positions`).
           state: a `DecodeState` to continue from (prefill, chunked prefill, decode) or None (full forward).
           valid: [B, T] bool, only with a state: False marks right padding of rows with fewer new tokens.
+          segments: [B, T] int32, full forward only: packed sequences, one segment id per token, non-decreasing along
+            a row; each segment is computed as if it were alone in its row (attention within the segment, DeltaNet
+            state and conv window reset at its first token), up to float32 rounding.
         """
         b, t = ids.shape
+        if segments is not None and state is not None:
+            raise ValueError("`segments` (packed sequences) is for a full forward; a decode state holds one per row")
         if state is not None:
             lengths = state.lengths
             if positions is None:
@@ -723,18 +796,20 @@ class Qwen35(nnx.Module):
             if valid is not None:
                 raise ValueError("`valid` (right padding) needs a decode state; a full forward is causal already")
             lengths = None
-            if positions is None:
+            if positions is None and segments is not None:
+                positions = segment_positions(segments)
+            elif positions is None:
                 positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         act = ("batch", "length", "act_embed")  # data-parallel activations (a no-op without an active mesh)
         x = sharding.constrain(self.embed_tokens(ids), act)
 
         def block_fn(block, h, caches):
-            h, caches = block(h, positions, caches, lengths, valid, remat=self.remat)
+            h, caches = block(h, positions, caches, lengths, valid, remat=self.remat, segments=segments)
             return sharding.constrain(h, act), caches
 
         caches = state.layers if state is not None else tuple(None for _ in self.config.block_runs)
         if self.unrolled:
-            x, new_caches = self._unrolled_layers(x, positions, caches, lengths, valid)
+            x, new_caches = self._unrolled_layers(x, positions, caches, lengths, valid, segments)
         else:
             x, new_caches = scan_stacked(self.blocks, block_fn, x, caches)
         x = self.norm(x)
@@ -743,14 +818,14 @@ class Qwen35(nnx.Module):
         n_new = jnp.full((b,), t, jnp.int32) if valid is None else valid.sum(axis=1).astype(jnp.int32)
         return x, DecodeState(lengths + n_new, new_caches)
 
-    def _unrolled_layers(self, x, positions, caches, lengths, valid):
+    def _unrolled_layers(self, x, positions, caches, lengths, valid, segments=None):
         """The layers one after the other (`unrolled`); each reads and writes its own slice of the stacked caches."""
         caches = list(caches)
         for b, block in enumerate(self.blocks):
             for r, run in enumerate(block.runs):
                 for j, layer in enumerate(run):
                     cache = None if caches[r] is None else jax.tree.map(lambda c, b=b, j=j: c[b, j], caches[r])
-                    x, cache = layer(x, positions, cache, lengths, valid)
+                    x, cache = layer(x, positions, cache, lengths, valid, segments)
                     if cache is not None:
                         caches[r] = jax.tree.map(lambda c, new, b=b, j=j: c.at[b, j].set(new), caches[r], cache)
                     x = sharding.constrain(x, ("batch", "length", "act_embed"))
@@ -894,8 +969,16 @@ def with_attention_impl(model: Qwen35, impl: str) -> Qwen35:
     return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
 
 
+def segment_positions(segments: Array) -> Array:
+    """[B, T] each token's index within its segment (0 at a token whose segment id differs from the one before)."""
+    t = segments.shape[-1]
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segments.shape)
+    starts = jnp.concatenate([jnp.ones_like(segments[..., :1], bool), segments[..., 1:] != segments[..., :-1]], axis=-1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=segments.ndim - 1)
+
+
 def sequence_logprobs(
-    model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None
+    model: Qwen35, ids: Array, *, chunk: int = 1024, needed: Array | None = None, segments: Array | None = None
 ) -> tuple[Array, Array]:
     """Teacher-forced log π(ids[t] | ids[:t]) for every position (0 at t = 0), and the entropy there.
 
@@ -905,10 +988,12 @@ def sequence_logprobs(
       ids: [B, T] int token ids.
       needed: optional [B, T] bool (aligned like the outputs): only chunks holding a needed token compute the
         vocabulary projection; the other positions read 0 (`Qwen35.token_logprobs`).
+      segments: optional [B, T] packed sequences (`Qwen35.hidden_states`); a segment's first token is "predicted"
+        from the previous segment's last one, a value no loss may use (its masks are False there).
     Returns:
       (logprobs [B, T], entropy [B, T]) float32; entropy[b, t] is that of the distribution over token t.
     """
-    h, _ = model.hidden_states(ids)
+    h, _ = model.hidden_states(ids, segments=segments)
     lp, ent = model.token_logprobs(h[:, :-1], ids[:, 1:], chunk=chunk, needed=None if needed is None else needed[:, 1:])
     return jnp.pad(lp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
 

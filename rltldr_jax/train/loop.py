@@ -151,7 +151,8 @@ class Trainer:
             model,
             tx,
             LossConfig.from_config(config),
-            micro_batch_size=self.update_config.micro_batch_size,
+            micro_batch_size=self.update_config.rows_per_micro_batch,
+            rows_key="batch.pack_rows" if self.update_config.pack_rows else "batch.micro_batch_size",
         )
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(
@@ -608,7 +609,8 @@ class UpdateConfig:
     """The update phase's settings (Table 4, bottom): `batch.*`, the context limit `rollout.max_context_tokens` (no
     example is longer), `train.max_logprob_gap` (0 = no check) and the run's `seed` (each epoch's example order).
     `length_buckets` are the padded lengths of `batch.length_buckets` (`batching.length_buckets`; None: every
-    multiple of `pad_to_multiple`)."""
+    multiple of `pad_to_multiple`); `pack_rows` is `batch.pack_rows` (0: one example per row; R: packed rows, R per
+    micro-batch, `batching.pack`)."""
 
     ppo_epochs: int
     micro_batch_size: int
@@ -618,6 +620,12 @@ class UpdateConfig:
     max_logprob_gap: float
     seed: int
     length_buckets: tuple[int, ...] | None = None
+    pack_rows: int = 0
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        """The M of the train step's [A, M, T] batches: `pack_rows` when packing, else `micro_batch_size`."""
+        return self.pack_rows or self.micro_batch_size
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> UpdateConfig:
@@ -632,6 +640,7 @@ class UpdateConfig:
             max_logprob_gap=config.train.max_logprob_gap,
             seed=config.seed,
             length_buckets=length_buckets(b.length_buckets, b.pad_to_multiple, config.rollout.max_context_tokens),
+            pack_rows=b.pack_rows,
         )
 
 
@@ -676,6 +685,7 @@ def update_phase(
                 pad_to_multiple=config.pad_to_multiple,
                 max_len=config.max_context_tokens,
                 length_buckets=config.length_buckets,
+                pack_rows=config.pack_rows,
             )
             for batch in batches:
                 metrics = {k: float(v) for k, v in update.step(batch).items()}

@@ -90,7 +90,9 @@ class ShardedUpdate:
       model: the policy (its parameters are split off and placed on the mesh).
       tx: the optimizer.
       loss_cfg: the objective's coefficients.
-      micro_batch_size: rows per micro-batch (`batch.micro_batch_size`): a multiple of the data × fsdp devices.
+      micro_batch_size: rows per micro-batch (`batch.micro_batch_size`, or `batch.pack_rows` with packed rows): a
+        multiple of the data × fsdp devices.
+      rows_key: the config key `micro_batch_size` came from, for the error message.
 
     Attributes:
       mesh, graphdef, params, opt_state, tx, loss_cfg; `shardings` = (params, optimizer state).
@@ -104,12 +106,13 @@ class ShardedUpdate:
         loss_cfg: LossConfig,
         *,
         micro_batch_size: int,
+        rows_key: str = "batch.micro_batch_size",
     ):
         self.mesh = mesh.make()
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if micro_batch_size % dp:
             raise ValueError(
-                f"batch.micro_batch_size={micro_batch_size} is not divisible by the {dp} data-parallel "
+                f"{rows_key}={micro_batch_size} is not divisible by the {dp} data-parallel "
                 f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
             )
         self.tx, self.loss_cfg = tx, loss_cfg

@@ -32,17 +32,21 @@ log = logging.getLogger(__name__)
 
 @struct.dataclass
 class TrainBatch:
-    """The examples of one optimizer step, as A micro-batches of M rows of T tokens (one example = one step).
+    """The examples of one optimizer step, as A micro-batches of M rows of T tokens: one example per row, or with
+    `segments` several examples packed in a row (`batching.pack`, `batch.pack_rows`).
 
     ids: [A, M, T] int32 context + current step ids (right-padded).
     old_logprobs: [A, M, T] float32 logprobs of the sampled tokens under the sampling policy.
-    advantages: [A, M] float32 per-example advantage.
+    advantages: [A, M] float32 per-example advantage, or [A, M, T] per token (packed rows).
     action_mask: [A, M, T] bool, GRPO targets (tokens sampled in the example's step).
     insight_mask: [A, M, T] bool, SFT targets (insight sentences; for the offline SFT baselines, whatever the
       baseline trains on).
     writer_mask: [A, M, T] bool, insight-generator SFT targets (the insight in the writer's context, Table 8);
       None = none.
-    detach_ratio: [A, M] bool, examples trained without an importance ratio (RLTF-SD); None = none.
+    detach_ratio: [A, M] (or [A, M, T], packed rows) bool, examples trained without an importance ratio (RLTF-SD);
+      None = none.
+    segments: [A, M, T] int32 segment ids of packed rows (`Qwen35.hidden_states`): 1, 2, ... one per example in
+      row order, 0 after the last one; None = one example per row.
     """
 
     ids: jax.Array
@@ -52,6 +56,7 @@ class TrainBatch:
     insight_mask: jax.Array
     writer_mask: jax.Array | None = None
     detach_ratio: jax.Array | None = None
+    segments: jax.Array | None = None
 
 
 @struct.dataclass
@@ -188,7 +193,9 @@ def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Ar
     grpo_count, sft_count, writer_count = counts
     model = nnx.merge(graphdef, params)
     needed = mb["action_mask"] | mb["insight_mask"] | mb["writer_mask"]
-    lp, entropy = sequence_logprobs(model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed)
+    lp, entropy = sequence_logprobs(
+        model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed, segments=mb.get("segments")
+    )
     grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
     sft = insight_sft_loss(lp, mb["insight_mask"])
     writer = insight_sft_loss(lp, mb["writer_mask"])
@@ -228,7 +235,9 @@ def train_step(
     """Accumulates gradients over the A micro-batches of `batch`, then applies one optimizer update.
 
     A step whose loss or gradient norm is not finite changes nothing: the parameters and the optimizer state
-    are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0).
+    are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0). A micro-batch without any loss
+    target (the all-padding rows that fill the last batch of a phase, or the unused rows of packed steps) is skipped
+    at run time (`lax.cond`): it would add exactly zero to the loss and the gradient.
 
     Args:
       graphdef, params, opt_state: the policy's structure, parameters and optimizer state.
@@ -248,9 +257,13 @@ def train_step(
     writer_count = jnp.sum(writer_mask).astype(jnp.float32)
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
+    def compute(mb):
+        return grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
+
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (micro_loss, a), g = grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
+        targets = jnp.any(mb["action_mask"] | mb["insight_mask"] | mb["writer_mask"])
+        (micro_loss, a), g = jax.lax.cond(targets, compute, lambda _: nothing, mb)
         return (jax.tree.map(jnp.add, grads, g), loss + micro_loss, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
@@ -264,6 +277,11 @@ def train_step(
         "writer_mask": writer_mask,
         "detach_ratio": detach,
     }
+    if batch.segments is not None:
+        micro["segments"] = batch.segments
+    # What a micro-batch without targets contributes: zeros shaped like `compute`'s outputs.
+    shapes = jax.eval_shape(compute, jax.tree.map(lambda x: x[0], micro))
+    nothing = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     grad_norm = optax.tree.norm(grads)
@@ -288,10 +306,22 @@ def train_step(
         "grpo_tokens": grpo_count,
         "sft_tokens": sft_count,
         "writer_sft_tokens": writer_count,
-        "detached_examples": jnp.sum(detach & (jnp.sum(batch.action_mask, -1) > 0)).astype(jnp.float32),
+        "detached_examples": _detached_examples(detach, batch.action_mask, batch.segments),
         "skipped_nonfinite": (~finite).astype(jnp.float32),
     }
     return params, opt_state, metrics
+
+
+def _detached_examples(detach: jax.Array, action_mask: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """How many examples with GRPO tokens are trained without an importance ratio: rows ([A, M] `detach`), or the
+    segments of packed rows ([A, M, T] `detach` and `segments`)."""
+    if segments is None:
+        return jnp.sum(detach & (jnp.sum(action_mask, -1) > 0)).astype(jnp.float32)
+    t = segments.shape[-1]
+    rows = jnp.arange(segments.size // t, dtype=jnp.int32).reshape(segments.shape[:-1])[..., None]
+    ids = (rows * t + segments).reshape(-1)  # a distinct id per (row, segment)
+    hit = jax.ops.segment_max((detach & action_mask).reshape(-1).astype(jnp.int32), ids, num_segments=segments.size)
+    return jnp.sum(jnp.maximum(hit, 0)).astype(jnp.float32)
 
 
 class NonFiniteError(RuntimeError):
