@@ -546,3 +546,18 @@ def test_abort_and_pause_between_multi_step_calls(grouped):
             assert n == 60
         else:
             assert result.finish_reason == "abort" and n >= 2
+
+
+def test_one_program_per_shape_with_committed_parameters(model):
+    """Parameters placed on a mesh (as the trainer's are): a fresh decode state and the states the jitted calls
+    return have the same placement, so a two-chunk prompt's first and second [1, C] prefill calls, and the first and
+    later decode calls, run one compiled program each (before: a second compilation of every shape)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    placed = nnx.merge(*nnx.split(model)[:1], jax.device_put(nnx.state(model), replicated))
+    prompt = tuple(range(1, 41))  # chunks of 16: [1, 16], [1, 16], then the last 8 tokens in a [1, 16] call
+    with JaxEngine(placed, max_batch=2, max_len=64, prefill_chunk=16, decode_steps=2) as engine:
+        first = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=5, seed=0))])[0]
+        again = engine.generate_many([GenerationRequest(prompt, SamplingParams(max_new_tokens=5, seed=0))])[0]
+        assert engine._prefill._cache_size() == 1 and engine._decode._cache_size() == 1
+    assert first.token_ids == again.token_ids

@@ -406,7 +406,7 @@ class JaxEngine:
         dtype = cache_dtype or model.dtype
         # One decode state per group of G slots (slot s is row s % G of group s // G): each is donated to its own calls.
         self._states = [
-            init_decode_state(self.config, self.decode_group, self._cache_len, dtype)
+            self._placed(init_decode_state(self.config, self.decode_group, self._cache_len, dtype))
             for _ in range(max_batch // self.decode_group)
         ]
         self._cache_dtype = dtype
@@ -604,6 +604,18 @@ class JaxEngine:
         tokens, logprobs = sample_tokens(logits, temperature, top_p, top_k, keys)
         return tokens, logprobs, state
 
+    def _placed(self, state: DecodeState) -> DecodeState:
+        """`state` placed as the jitted calls' outputs are: with the parameters' sharding when they are committed (a
+        trainer's mesh). A fresh state is otherwise uncommitted, and a call taking it lowers to another program than
+        the same call taking a state it returned (a second compilation of every prefill and decode shape)."""
+        leaf = jax.tree.leaves(self._params)[0]
+        if not leaf.committed:
+            return state
+        where = leaf.sharding
+        if isinstance(where, jax.sharding.NamedSharding):  # the rows are whole on every device of the mesh
+            where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec())
+        return jax.device_put(state, where)
+
     def _empty_rows_fn(self, n: int) -> DecodeState:
         return init_decode_state(self.config, n, self._cache_len, self._cache_dtype)
 
@@ -744,7 +756,7 @@ class JaxEngine:
         sampling = self._sampling_arrays([a], 1)
         token, logprob, row = prefill_chunked(
             lambda row, ids, valid: self._prefill(params, row, ids, valid, *sampling),
-            lambda: self._empty_rows(1),
+            lambda: self._placed(self._empty_rows(1)),
             a.request.prompt_ids,
             self.prefill_chunk,
             self._prefix,
@@ -765,7 +777,7 @@ class JaxEngine:
             ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
             valid[r, : len(a.request.prompt_ids)] = True
         tokens, logprobs, sub = self._prefill(
-            params, self._empty_rows(n), ids, valid, *self._sampling_arrays(actives, n)
+            params, self._placed(self._empty_rows(n)), ids, valid, *self._sampling_arrays(actives, n)
         )
         for group in sorted({self._group_row(slot)[0] for slot in slots}):
             rows = np.full(n, self.decode_group, np.int32)  # rows of other groups and padding point past the end
