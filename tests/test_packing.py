@@ -135,15 +135,16 @@ def test_pack_layout_by_hand():
         )
 
 
-def test_train_step_packed_equals_one_example_per_row(small_model):
+@pytest.mark.parametrize("rows", [1, 2])
+def test_train_step_packed_equals_one_example_per_row(small_model, rows):
     r = np.random.default_rng(3)
     cases = [(90, 1.0, False, True), (60, -0.5, False, False), (130, 0.25, True, True), (20, 2.0, False, False)]
     cases.append((75, -1.0, False, True))
     examples = [_example(r, n, advantage=a, detach=d, insight=s) for n, a, d, s in cases]
     common = dict(micro_batch_size=3, grad_accum_steps=2, pad_to_multiple=64, max_len=256)
     (plain,) = pack(examples, **common)
-    (packed,) = pack(examples, **common, pack_rows=1)
-    assert packed.ids.shape == (6, 1, 256) and plain.ids.shape == (2, 3, 192)
+    (packed,) = pack(examples, **common, pack_rows=rows)
+    assert packed.ids.shape == (6 // rows, rows, 256) and plain.ids.shape == (2, 3, 192)
     tx = make_optimizer(1.0, name="sgd", grad_clip_norm=0.0)  # new params = params - gradient
     graphdef, params = nnx.split(small_model)
     opt = tx.init(params)

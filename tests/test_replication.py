@@ -110,6 +110,7 @@ def test_smoke_grid_writes_the_report(smoke_grid):
         "train_pass1_insight",
         "env_steps",
         "walltime_s",
+        "train_pass1_no_insight_best",
     ):
         assert all(r[column] != "" for r in rows), column
     config = replicate.arm_config("smoke", "rltldr", 0)

@@ -53,7 +53,7 @@ from rltldr_jax.replication.grid import (
     stale_message,
     stale_reason,
 )
-from rltldr_jax.replication.report import replaced, write_results
+from rltldr_jax.replication.report import best_train_pass1, replaced, write_results
 from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
 from rltldr_jax.train.resume import LOCK, WorkdirInUseError, lock_workdir
 from rltldr_jax.train.stopping import Interrupted
@@ -454,7 +454,8 @@ def run_replication(
             note = f" (= {run.shared_with})" if run.shared_with else ""
             echo(
                 f"{run.arm}{note} seed {run.seed}: "
-                f"no-insight Pass@1 train {_pct(summary['train_pass1_no_insight'])} %, "
+                f"no-insight Pass@1 train {_pct(summary['train_pass1_no_insight'])} % "
+                f"(best evaluation {_pct(best_train_pass1(summary))} %), "
                 f"held-out {_pct(summary['heldout_pass1_no_insight'])} % | "
                 f"with insights {_pct(summary['train_pass1_insight'])} % | "
                 f"{summary['env_steps']:,} env steps | {(time.time() - t) / 60:.1f} min"
