@@ -5,6 +5,7 @@ where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1). Config builders: tests/he
 import dataclasses
 import functools
 import os
+import signal
 
 import jax
 import pytest
@@ -24,6 +25,10 @@ XLA_CACHE = enable_compile_cache(
     ),
     key="RLTLDR_TEST_XLA_CACHE",
 )
+# A shell starts a background job (`pytest &`, nohup) with SIGINT ignored, which the trainer's StopSignals respects
+# (train/stopping.py), so the Ctrl-C tests would see no signal, here and in the processes they start: give them one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if XLA_CACHE:  # (RLTLDR_TEST_XLA_CACHE="": no cache)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
