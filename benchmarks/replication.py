@@ -9,7 +9,7 @@ around the engine's jitted calls (prefill, decode, ...), the update's optimizer 
 checkpoints and the weight pushes, and a JAX monitoring listener that charges XLA compilation (tracing, lowering,
 compiling, or reading a program from the on-disk cache) to whichever of them it happened in. It prints:
 
-- the breakdown: base checks; collection (prefill, decode, compile, host); update (compile, device, host);
+- the breakdown: base checks and collection (prefill, decode, compile, host each); update (compile, device, host);
   evaluation (prefill, decode, compile, host); checkpoints; weight pushes; the rest;
 - tokens generated per second in collection and evaluation, and tokens trained;
 - model FLOPs per phase (an analytic count, below) and the floor: the run's FLOPs over this CPU's matmul FLOP/s,
@@ -285,8 +285,9 @@ def main() -> None:
 
 def report(profile: Profile, total: float, phases: int, peak: float, flops: Callable[[float, float], float]) -> None:
     s, n = profile.seconds, profile.counts
-    rows: list[tuple[str, float]] = [("base checks", s["base checks", "total"])]
+    rows: list[tuple[str, float]] = []
     for activity, parts in (
+        ("base checks", ("prefill", "decode", "engine other", "compile")),
         ("collection", ("prefill", "decode", "engine other", "compile")),
         ("update", ("compile", "device")),
         ("evaluation", ("prefill", "decode", "engine other", "compile")),
