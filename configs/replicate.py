@@ -79,6 +79,13 @@ GRIDS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 
 
+#: preset -> how many pieces of the grid (a seed's base checks, a run) `launch/replicate.py` runs at once, each in
+#: its own process (`--jobs` overrides it). 0: one per CPU core, at most 4 (XLA's CPU programs at these shapes keep
+#: about one core busy each; a run's results do not depend on it); the gpu preset's runs share one device: one at a
+#: time.
+JOBS: dict[str, int] = {"default": 0, "quick": 0, "gpu": 1, "smoke": 0}
+
+
 #: preset -> sizes of the base policy's checks (replication/checks.py): i.i.d. attempts per hard training task (the
 #: split must have Pass@64 = 0), and how many tasks.
 CHECKS: dict[str, dict[str, int]] = {

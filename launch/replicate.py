@@ -17,7 +17,9 @@ on the saved rollouts of the same seed's `rltldr` run (which is added to the gri
 into and reads from one compilation cache (`compile.cache_dir`, by default the user's ~/.cache/rltldr_jax/xla, shared
 with every launcher), so the arms of a grid and its reruns compile each program once.
 
-Launchers may share one `--out` (e.g. disjoint `--arms` side by side): a run, base policy or base check another
+`--jobs=N` runs N pieces of the grid (a seed's base checks, a run) at once, each in its own process (default: one per
+CPU core, at most 4; 1 for the gpu preset); a run's results do not depend on it. Launchers may also share one `--out`
+(e.g. disjoint `--arms` side by side, on several machines with a shared disk): a run, base policy or base check another
 launcher is making is waited for (one line says so), never made twice, and each launcher writes the report from
 every finished run in `--out`, so the last one to finish leaves the complete table.
 
@@ -56,6 +58,12 @@ _ARMS = flags.DEFINE_string(
 _SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
 _OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
+_JOBS = flags.DEFINE_integer(
+    "jobs",
+    None,
+    "Pieces of the grid (a seed's base checks, a run) to run at once, each in its own process (default: the "
+    "preset's, configs/replicate.py JOBS; 0 = one per CPU core, at most 4). Results do not depend on it.",
+)
 _RESTART = flags.DEFINE_bool(
     "restart",
     False,
@@ -121,6 +129,10 @@ def main(argv: list[str]) -> None:
     from rltldr_jax.replication.driver import GridError, run_replication
 
     interactive = sys.stderr.isatty()
+    jobs = _JOBS.value if _JOBS.value is not None else getattr(grid, "JOBS", {}).get(preset, 1)
+    if jobs < 0:
+        sys.exit(f"error: --jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core")
+    jobs = jobs or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4)
     try:
         paths = run_replication(
             configs,
@@ -129,6 +141,7 @@ def main(argv: list[str]) -> None:
             checks=getattr(grid, "CHECKS", {}).get(preset),
             order=list(grid.ARMS),
             restart=_RESTART.value,
+            jobs=jobs,
             progress=interactive,
             echo=lambda line: print(line, flush=True),
         )

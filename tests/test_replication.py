@@ -87,7 +87,7 @@ def smoke_grid(tmp_path_factory):
     arms = ("grpo", "rltldr", "uninformative_insights", "sftldr")
     configs = {(arm, 0): replicate.arm_config("smoke", arm, 0, overrides) for arm in arms}
     lines: list[str] = []
-    paths = run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
+    paths = run_replication(configs, out, checks=replicate.CHECKS["smoke"], jobs=2, echo=lines.append)
     return out, paths, lines
 
 
@@ -164,6 +164,92 @@ def test_a_second_run_only_reads_what_is_there(smoke_grid):
     run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=lines.append)
     assert {p: os.path.getmtime(p) for p in before} == before
     assert any("grpo seed 0" in line for line in lines)
+
+
+def test_jobs_do_not_change_results(smoke_grid, tmp_path):
+    """The smoke grid ran 2 pieces at a time (`jobs=2`); the same runs one at a time give the same results, bit for
+    bit: every run's phases and evaluations, its final parameters (the checkpoint's checksums), and the base checks."""
+    from rltldr_jax.replication.driver import run_replication
+
+    out, _, _ = smoke_grid
+    again = str(tmp_path / "sequential")
+    run_replication(
+        _smoke_configs(out, ("grpo", "rltldr", "sftldr")), again, checks=replicate.CHECKS["smoke"], jobs=1, echo=print
+    )
+
+    def results(grid, run):
+        directory = os.path.join(grid, "runs", run)
+        records = []
+        if os.path.exists(os.path.join(directory, "metrics.jsonl")):  # (sftldr trains offline: no phases)
+            with open(os.path.join(directory, "metrics.jsonl")) as f:
+                records = [json.loads(line) for line in f]
+        with open(os.path.join(directory, "summary.json")) as f:
+            final = json.load(f)["final"]
+        (step,) = os.listdir(os.path.join(directory, "checkpoints"))
+        with open(os.path.join(directory, "checkpoints", step, "state", "metadata")) as f:
+            params = json.load(f)["checksums"]["params"]
+        timeless = [{k: v for k, v in r.items() if "time" not in k and not k.endswith("_s")} for r in records]
+        assert len(params) > 10 and final
+        return timeless, final, params
+
+    for run in ("grpo-s0", "rltldr-s0", "sftldr-s0"):
+        assert results(again, run) == results(out, run), run
+    with (
+        open(os.path.join(again, "base", "s0", "checks.json")) as a,
+        open(os.path.join(out, "base", "s0", "checks.json")) as b,
+    ):
+        assert json.load(a)["checks"] == json.load(b)["checks"]
+
+
+def test_run_tasks_keeps_the_order_it_is_given_and_runs_jobs_at_once():
+    import threading
+    import time
+
+    from rltldr_jax.replication.driver import Task, run_tasks
+
+    log: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def piece(key, seconds=0.05):
+        def do():
+            with lock:
+                log.append(("start", key))
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(seconds)
+            with lock:
+                running[0] -= 1
+                log.append(("end", key))
+
+        return do
+
+    tasks = [
+        Task("base", piece("base", 0.2)),
+        Task("checks", piece("checks"), ("base",)),
+        Task("a", piece("a", 0.2), ("base",)),
+        Task("b", piece("b"), ("a",)),
+        Task("c", piece("c"), ("base",)),
+    ]
+    run_tasks(tasks, jobs=2)
+    at = {event: log.index(event) for event in log}
+    assert at["end", "base"] < min(at["start", k] for k in ("checks", "a", "c"))
+    assert at["end", "a"] < at["start", "b"]
+    assert most[0] == 2 and len(log) == 10
+    log.clear()
+    running[0] = most[0] = 0
+    run_tasks(tasks, jobs=1)
+    assert [k for event, k in log if event == "start"] == ["base", "checks", "a", "b", "c"] and most[0] == 1
+
+    def boom():
+        raise RuntimeError("no base policy")
+
+    log.clear()
+    with pytest.raises(RuntimeError, match="no base policy"):
+        run_tasks([Task("base", boom), Task("a", piece("a"), ("base",))], jobs=2)
+    assert log == []  # nothing starts after a task's error
+    with pytest.raises(ValueError, match="comes after"):
+        run_tasks([Task("a", piece("a"), ("base",))])
 
 
 def _smoke_configs(out, arms, **overrides):

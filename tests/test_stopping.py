@@ -5,6 +5,7 @@ tests/test_train_loop.py."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import os
@@ -108,9 +109,9 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
 
 
 ISOLATED_GRID = """
-import os, signal, sys, time
+import functools, os, signal, sys, time
 from launch.common import run_launcher
-from rltldr_jax.replication.driver import isolated
+from rltldr_jax.replication.driver import Task, isolated, run_tasks
 from rltldr_jax.train.stopping import RunStopped, StopSignals
 
 
@@ -126,7 +127,12 @@ def phases(report):
 
 
 def main(argv):
-    isolated(phases, sys.argv[1])
+    jobs = int(os.environ["GRID_JOBS"])
+    if jobs == 0:  # the piece in the main thread
+        isolated(phases, sys.argv[1])
+    else:  # two pieces at once, from run_tasks' threads
+        piece = functools.partial(isolated, phases, sys.argv[1])
+        run_tasks([Task("a", piece), Task("b", piece)], jobs=jobs)
 
 
 if __name__ == "__main__":
@@ -135,15 +141,17 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("whole_group", [False, True])
-def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whole_group):
+@pytest.mark.parametrize("whole_group,jobs", [(False, 0), (True, 0), (False, 2), (True, 2)])
+def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whole_group, jobs):
     """The replication runs each Trainer in a worker process. SIGTERM to the launcher (Kubernetes' PID 1, `kill
     <pid>`) is passed on, so the run stops at its next safe point and the launcher ends with the run's own line (it
     used to wait for the whole run); a signal to the launcher's process group (Ctrl-C in a terminal) reaches the
-    worker once too (it leads a group of its own), so it stops at a safe point, not at once."""
+    worker once too (it leads a group of its own), so it stops at a safe point, not at once. With two pieces at once
+    (`run_tasks`, jobs=2: signals reach the main thread, the workers run from others) both workers stop so."""
     script, report = tmp_path / "grid.py", tmp_path / "phases.txt"
     script.write_text(ISOLATED_GRID)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GRID_JOBS=str(jobs))
+    workers = max(jobs, 1)
     launcher = subprocess.Popen(
         [sys.executable, str(script), str(report)],
         cwd=ROOT,
@@ -154,7 +162,7 @@ def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whol
     )
     try:
         deadline = time.time() + 120
-        while not report.exists() or len(report.read_text().splitlines()) < 3:
+        while not report.exists() or not _each_wrote(report.read_text(), workers, 3):
             assert launcher.poll() is None and time.time() < deadline, launcher.communicate()
             time.sleep(0.05)
         start = time.time()
@@ -172,5 +180,14 @@ def test_a_launchers_signal_reaches_the_run_in_its_worker_process(tmp_path, whol
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"stopped by signal {int(signal.SIGTERM)} after phase ") and "Traceback" not in err, err
     assert took < 10
-    worker = {line.split()[0] for line in report.read_text().splitlines()}
-    assert len(worker) == 1 and str(launcher.pid) not in worker  # the phases ran in the worker, which then stopped
+    lines = report.read_text().splitlines()
+    worker = {line.split()[0] for line in lines}
+    assert len(worker) == workers and str(launcher.pid) not in worker  # the phases ran in the workers
+    time.sleep(0.5)
+    assert report.read_text().splitlines() == lines  # which then stopped
+
+
+def _each_wrote(text, workers, lines):
+    """Whether `workers` processes each wrote at least `lines` lines of the report."""
+    counts = collections.Counter(line.split()[0] for line in text.splitlines())
+    return len(counts) == workers and min(counts.values()) >= lines
