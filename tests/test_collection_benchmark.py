@@ -9,6 +9,8 @@ import math
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -29,6 +31,7 @@ def _row(lines: list[str], name: str, columns: int) -> list[float]:
     return numbers
 
 
+@pytest.mark.slow  # ~60 s on 2 cores (the whole benchmark at tiny shapes); CI runs it (`pytest -m slow`)
 def test_smoke_prints_every_row(tmp_path):
     bench = _benchmark()
     lines: list[str] = []

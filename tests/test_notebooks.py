@@ -93,6 +93,7 @@ def test_notebooks_are_clean_and_generated():
     assert generator.returncode == 0, generator.stderr
 
 
+@pytest.mark.slow  # ~5 minutes on 2 cores; each notebook's pieces are tested on their own elsewhere; CI runs it
 def test_notebooks_run_top_to_bottom(tmp_path):
     """Notebook 1 runs the smoke replication grid, then trains the tiny run and evaluates it, notebook 2 measures Δθ
     and exports to HF, notebook 3 analyses the rollouts and measures the insight curves; all in test mode, on one

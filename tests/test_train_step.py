@@ -157,7 +157,7 @@ def test_grad_clip_norm_zero_means_no_clipping():
 def test_loss_coefficients_are_arguments_one_program_for_every_arm(model):
     """λ, grpo_coef, clip_eps and writer_sft_coef are traced (`LossConfig.traced`): the step compiled once serves
     every arm of a grid, and each call's loss is its own coefficients' (the same as the step compiled with them as
-    constants)."""
+    constants, checked for one of them)."""
     graphdef, params = nnx.split(model)
     tx = make_optimizer(1e-3)
     opt = tx.init(params)
@@ -169,8 +169,9 @@ def test_loss_coefficients_are_arguments_one_program_for_every_arm(model):
         _, _, metrics = step(params, opt, batch, loss_cfg=cfg.traced())
         grpo, sft = float(metrics["grpo_loss"]), float(metrics["sft_nll"])
         assert float(metrics["loss"]) == pytest.approx(cfg.grpo_coef * grpo + cfg.lam * sft, rel=1e-5)
-        constant = jax.jit(functools.partial(train_step, graphdef, tx=tx, loss_cfg=cfg))(params, opt, batch)[2]
-        assert float(metrics["loss"]) == pytest.approx(float(constant["loss"]), rel=1e-6, abs=1e-7)
+        if cfg.lam == 0.5:  # (one arm: each program compiled with constants costs ~20 s on 2 cores)
+            constant = jax.jit(functools.partial(train_step, graphdef, tx=tx, loss_cfg=cfg))(params, opt, batch)[2]
+            assert float(metrics["loss"]) == pytest.approx(float(constant["loss"]), rel=1e-6, abs=1e-7)
         losses.append(float(metrics["loss"]))
     assert step._cache_size() == 1  # one compiled program for the three arms
     assert len(set(losses)) == 3 and sft > 0
