@@ -53,7 +53,9 @@ def _by_task(records: Iterable[AttemptRecord], insights: bool | None = None) -> 
 
 
 def _macro(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else float("nan")
+    """The mean over tasks, exactly rounded (`math.fsum`): the same bits in whatever order the tasks' attempts
+    finished (a float sum in arrival order differs in the last digit between two runs of one seed)."""
+    return math.fsum(values) / len(values) if len(values) else float("nan")
 
 
 def macro_pass_at_1(records: Iterable[AttemptRecord], insights: bool | None = None) -> float:
