@@ -228,9 +228,10 @@ def get_config() -> ml_collections.ConfigDict:
     # timing admits together (bit-reproducible runs); False prefills them as one padded batch (faster on accelerators
     # with many concurrent prompts; results then vary at float rounding from run to run).
     c.engine.batch_invariant = True
-    # Embedded engine: byte budget (MiB) of its prefix cache, the decode states at prefill_chunk boundaries of prompts,
-    # so that requests sharing a prompt prefix (a task's K attempts, the steps of an attempt) skip prefilling it;
-    # results are bit-identical with or without it. Only with batch_invariant. 0 = off. Not in the paper.
+    # Embedded engine: byte budget (MiB) of its prefix cache, the decode states at prefill_chunk boundaries of prompts
+    # and after whole prompts (with their next-token logits), so that requests sharing a prompt prefix (the steps of
+    # an attempt) skip prefilling it, and a prompt seen whole (a task's K attempts) is not prefilled again; results
+    # are bit-identical with or without it. Only with batch_invariant. 0 = off. Not in the paper.
     c.engine.prefix_cache_mb = 1024
     # Embedded engine, batch_invariant: prompts are prefilled in calls of this many tokens (a power of two >= 16),
     # aligned from position 0; 128 measured best on CPU with the prefix cache; an accelerator may prefer larger calls.

@@ -267,10 +267,10 @@ def test_sampling_frequencies_match_the_distribution():
 
 
 def test_prefix_cache_hits_are_bit_identical_to_misses(model):
-    """Chunk-aligned prefill (C = 16) with and without the prefix cache: the K attempts of a task (same prompt), a
-    longer prompt extending it (the next step), a shorter one ending on a boundary and one diverging mid-prompt all
-    give the same bits whether they resume from a stored prefix or not, and the model's logprobs. max_len=100 is not
-    a multiple of C (rows are rounded up to 112)."""
+    """Chunk-aligned prefill (C = 16) with and without the prefix cache: the K attempts of a task (same prompt, found
+    whole), a longer prompt extending it (the next step), a shorter one ending on a boundary and one diverging
+    mid-prompt all give the same bits whether they resume from a stored prefix or not, and the model's logprobs.
+    max_len=100 is not a multiple of C (rows are rounded up to 112)."""
     rng = np.random.default_rng(20)
     task = tuple(rng.integers(0, 256, 45).tolist())
     prompts = [
@@ -290,15 +290,34 @@ def test_prefix_cache_hits_are_bit_identical_to_misses(model):
             ]  # one at a time: each sees the last's entries
             stats[budget] = engine.prefix_stats()
     assert stats[0]["hits"] == 0 and stats[0]["entries"] == 0
-    # task: stores 16, 32 (45 // 16 = 2); the second attempt resumes at 32, the next step at 32 (64 is stored then),
-    # task[:32] at 16 (it needs a token left to sample from), the diverging prompt at 16; the unrelated one misses.
-    assert stats[1 << 24]["hits"] == 4 and stats[1 << 24]["reused_tokens"] == 32 + 32 + 16 + 16
+    # task: stores 16, 32 (45 // 16 = 2) and itself whole; the second attempt finds it whole (nothing prefilled: it
+    # samples from the stored logits with its own seed), the next step resumes at 32 (64 is stored then), task[:32]
+    # at 16 (it needs a token left to sample from), the diverging prompt at 16; the unrelated one misses.
+    assert stats[1 << 24]["hits"] == 4 and stats[1 << 24]["prompt_hits"] == 1
+    assert stats[1 << 24]["reused_tokens"] == 45 + 32 + 16 + 16
     assert stats[1 << 24]["prefilled_tokens"] + stats[1 << 24]["reused_tokens"] == sum(map(len, prompts))
     for cached, plain, request in zip(results[1 << 24], results[0], requests, strict=False):
         assert cached.token_ids == plain.token_ids and cached.logprobs == plain.logprobs
         np.testing.assert_allclose(
             cached.logprobs, _teacher_forced(model, request.prompt_ids, cached.token_ids), atol=2e-5
         )
+
+
+def test_attempts_of_one_prompt_prefill_it_once(model):
+    """K attempts of one prompt submitted together (a GRPO group, the i.i.d. samples of a base check): the first is
+    prefilled, the other K - 1 find it whole and sample their first token from its stored logits, each with its own
+    seed: the same bits as an engine without a cache."""
+    prompt = tuple(np.random.default_rng(23).integers(0, 256, 37).tolist())
+    requests = [GenerationRequest(prompt, SamplingParams(max_new_tokens=4, seed=s)) for s in range(6)]
+    out = {}
+    for budget in (0, 1 << 24):
+        with JaxEngine(model, max_batch=8, max_len=64, prefill_chunk=16, prefix_cache_bytes=budget) as engine:
+            out[budget] = engine.generate_many(requests), engine.prefix_stats()
+    (plain, _), (cached, stats) = out[0], out[1 << 24]
+    assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
+    assert [r.logprobs for r in cached] == [r.logprobs for r in plain]
+    assert stats["prompt_hits"] == 5 and stats["prefilled_tokens"] == 37 and stats["reused_tokens"] == 5 * 37
+    assert len({tuple(r.token_ids) for r in cached}) > 1  # the seeds drew different completions
 
 
 def test_prefix_cache_budget_and_new_weights(model):

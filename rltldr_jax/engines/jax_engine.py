@@ -49,7 +49,10 @@ Chunked prefill and prefix reuse (`batch_invariant=True` only; `prefix_cache` mo
 chunks of `prefill_chunk` (C) tokens aligned at multiples of C from position 0, one [1, C] call each, the last
 partial chunk in a [1, bucket(rest)] call: the same calls for a prompt whatever ran before. With
 `prefix_cache_bytes` > 0 the states at some full-chunk boundaries are kept and a prompt that starts with a stored
-prefix resumes there, skipping those chunks: hit or miss give bit-identical results. New weights empty the cache.
+prefix resumes there, skipping those chunks, and a prompt seen whole before (a task's other attempts) is not
+prefilled at all: its first token is sampled from the stored next-token logits (sampling is a program of its own, so
+that a prefilled prompt's first token goes through the same one). Hit or miss give bit-identical results. New weights
+empty the cache.
 
 Decode weights (`weights_dtype`). A decode step at small batch reads every weight once per token, so its time is
 the bytes of the weights over the memory bandwidth. With `weights_dtype="bfloat16"` the engine keeps its copy of
@@ -446,6 +449,7 @@ class JaxEngine:
         # Jitted per engine (not per class, keyed on `self`): the compiled programs and the decode state they hold go
         # when the engine does, so a process can run many engines one after another.
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,))
+        self._sample = jax.jit(self._sample_fn)
         self._empty_rows = jax.jit(self._empty_rows_fn, static_argnums=(0,))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1,))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(0,))
@@ -594,15 +598,18 @@ class JaxEngine:
 
     # -- jitted pieces ----------------------------------------------------------------------------------
 
-    def _prefill_fn(self, params, state, ids, valid, temperature, top_p, top_k, key_data, counts):
-        """Continues `state` [n rows] with ids [n, T] (right-padded: valid [n, T]); samples each row's next token."""
-        keys = _step_keys(key_data, counts)
+    def _prefill_fn(self, params, state, ids, valid):
+        """Continues `state` [n rows] with ids [n, T] (right-padded: valid [n, T]); returns each row's next-token
+        logits [n, V] and the state. Sampling is its own program (`_sample_fn`), so that a prompt the prefix cache
+        holds whole samples from stored logits exactly as a prefilled one does."""
         model = nnx.merge(self._graphdef, params)
         h, state = model.hidden_states(ids, state=state, valid=valid)
         last = jnp.maximum(valid.sum(axis=1) - 1, 0)
-        logits = model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1))[:, 0]
-        tokens, logprobs = sample_tokens(logits, temperature, top_p, top_k, keys)
-        return tokens, logprobs, state
+        return model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1))[:, 0], state
+
+    def _sample_fn(self, logits, temperature, top_p, top_k, key_data, counts):
+        """Each row's first token and its logprob ([n] each) from its next-token logits [n, V]."""
+        return sample_tokens(logits, temperature, top_p, top_k, _step_keys(key_data, counts))
 
     def _placed(self, state: DecodeState) -> DecodeState:
         """`state` placed as the jitted calls' outputs are: with the parameters' sharding when they are committed (a
@@ -753,15 +760,15 @@ class JaxEngine:
     def _prefill_alone(self, params, a: _Active, slot: int) -> tuple[int, float]:
         """Chunk-aligned prefill of one request (module doc), resuming from the prefix cache when it can; writes the
         state into `slot` and returns the first (token, logprob)."""
-        sampling = self._sampling_arrays([a], 1)
-        token, logprob, row = prefill_chunked(
-            lambda row, ids, valid: self._prefill(params, row, ids, valid, *sampling),
+        logits, row = prefill_chunked(
+            lambda row, ids, valid: self._prefill(params, row, ids, valid),
             lambda: self._placed(self._empty_rows(1)),
             a.request.prompt_ids,
             self.prefill_chunk,
             self._prefix,
             self._prefix_stats,
         )
+        token, logprob = self._sample(logits, *self._sampling_arrays([a], 1))
         group, r = self._group_row(slot)
         self._states[group] = self._insert(self._states[group], np.array([r], np.int32), row)
         return int(token[0]), float(logprob[0])
@@ -776,9 +783,8 @@ class JaxEngine:
         for r, a in enumerate(actives):
             ids[r, : len(a.request.prompt_ids)] = a.request.prompt_ids
             valid[r, : len(a.request.prompt_ids)] = True
-        tokens, logprobs, sub = self._prefill(
-            params, self._placed(self._empty_rows(n)), ids, valid, *self._sampling_arrays(actives, n)
-        )
+        logits, sub = self._prefill(params, self._placed(self._empty_rows(n)), ids, valid)
+        tokens, logprobs = self._sample(logits, *self._sampling_arrays(actives, n))
         for group in sorted({self._group_row(slot)[0] for slot in slots}):
             rows = np.full(n, self.decode_group, np.int32)  # rows of other groups and padding point past the end
             for i, slot in enumerate(slots):

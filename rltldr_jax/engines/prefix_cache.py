@@ -20,6 +20,13 @@ same attempt), and the boundaries at power-of-two multiples of C (prefixes share
 system prompt of all tasks, reused to at least half their length). That is O(log n) entries, not n / C: a DeltaNet
 state snapshot is large (Hv·Dk·Dv float32 per layer) and an entry at k·C also holds k·C positions of KV cache
 (only those, not the whole row).
+
+Whole prompts: after its last chunk, a prompt's state and its next-token logits are stored under a digest of the
+whole prompt (`prompt_key`). An identical prompt later (the other attempts of a task, i.i.d. samples, evaluation
+attempts) prefills nothing: it samples its first token from the stored logits with its own key, as a miss samples
+from the logits its last chunk returned (sampling is its own program, `JaxEngine._sample`), so a hit gives the same
+bits. The stored state holds the prompt's n positions of KV cache; positions past n, which a miss holds the last
+chunk's padding at, are never attended (a decode step writes its position before attending up to it).
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ def boundary_keys(ids: Sequence[int], chunk: int, count: int) -> list[bytes]:
         ).digest()
         keys.append(digest)
     return keys
+
+
+def prompt_key(ids: Sequence[int]) -> bytes:
+    """The key of a whole prompt's entry (state and next-token logits after all of `ids`)."""
+    return hashlib.blake2b(b"prompt" + np.asarray(ids, np.int32).tobytes(), digest_size=_DIGEST_BYTES).digest()
 
 
 def boundaries_to_store(n: int, chunk: int) -> set[int]:
@@ -101,7 +113,8 @@ class PrefixStats:
     """Counters of the engine's prefills since it started (the cache's use among them)."""
 
     requests: int = 0  # prompts prefilled alone (chunk-aligned), with or without a cache
-    hits: int = 0  # of which resumed from a stored boundary
+    hits: int = 0  # of which resumed from a stored boundary or found whole
+    prompt_hits: int = 0  # of which found whole: nothing prefilled (their state and next-token logits reused)
     reused_tokens: int = 0  # prompt tokens not prefilled thanks to a hit
     prefilled_tokens: int = 0  # prompt tokens prefilled (padding not counted)
     stored: int = 0  # entries inserted
@@ -109,7 +122,8 @@ class PrefixStats:
 
 
 class PrefixCache:
-    """An LRU of one-row decode states keyed by `boundary_keys` digests, holding at most `budget_bytes`.
+    """An LRU of one-row decode states keyed by `boundary_keys` digests, and of whole prompts' states with their
+    next-token logits keyed by `prompt_key` digests, holding at most `budget_bytes`.
 
     Used from the engine's scheduler thread only. `clear()` drops every entry (new weights make them stale).
 
@@ -142,20 +156,36 @@ class PrefixCache:
                 return k, self._restore(found[0], self.cache_len)
         return 0, None
 
+    def lookup_prompt(self, key: bytes) -> tuple[jax.Array, DecodeState] | None:
+        """(next-token logits [1, V], a fresh one-row state) after the whole prompt of `key` (`prompt_key`), or None."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        logits, entry = found[0]
+        return logits, self._restore(entry, self.cache_len)
+
     def put(self, key: bytes, row: DecodeState, length: int) -> None:
         """Stores a copy of `row` (one row, `length` tokens in it) under `key`, evicting least recently used entries."""
+        self._store(key, _entry_bytes(row, length), lambda: self._take(row, length))
+
+    def put_prompt(self, key: bytes, logits: jax.Array, row: DecodeState, length: int) -> None:
+        """Stores `logits` [1, V] and a copy of `row` after a whole prompt of `length` tokens under `key`
+        (`prompt_key`)."""
+        self._store(key, _entry_bytes(row, length) + logits.nbytes, lambda: (logits, self._take(row, length)))
+
+    def _store(self, key: bytes, nbytes: int, entry: Callable[[], object]) -> None:
         if key in self._entries:
             self._entries.move_to_end(key)
             return
-        nbytes = _entry_bytes(row, length)
         if nbytes > self.budget_bytes:
             return
-        entry = self._take(row, length)
+        value = entry()
         while self.bytes + nbytes > self.budget_bytes:
             _, (_, dropped) = self._entries.popitem(last=False)
             self.bytes -= dropped
             self.stats.evicted += 1
-        self._entries[key] = (entry, nbytes)
+        self._entries[key] = (value, nbytes)
         self.bytes += nbytes
         self.stats.stored += 1
 
@@ -170,45 +200,54 @@ class PrefixCache:
         requests, reused = now.requests - since.requests, now.reused_tokens - since.reused_tokens
         total = reused + now.prefilled_tokens - since.prefilled_tokens
         return (
-            f"{now.hits - since.hits} of {requests} prompts resumed from a stored prefix, {reused} of {total} prompt "
+            f"{now.hits - since.hits} of {requests} prompts resumed from a stored prefix "
+            f"({now.prompt_hits - since.prompt_hits} found whole), {reused} of {total} prompt "
             f"tokens reused ({100.0 * reused / max(total, 1):.0f} %); "
             f"{len(self)} entries, {self.bytes / 2**20:.1f} MB held"
         )
 
 
 def prefill_chunked(
-    prefill: Callable[[DecodeState, np.ndarray, np.ndarray], tuple[jax.Array, jax.Array, DecodeState]],
+    prefill: Callable[[DecodeState, np.ndarray, np.ndarray], tuple[jax.Array, DecodeState]],
     empty_row: Callable[[], DecodeState],
     prompt: Sequence[int],
     chunk: int,
     cache: PrefixCache | None,
     stats: PrefixStats,
-) -> tuple[jax.Array, jax.Array, DecodeState]:
+) -> tuple[jax.Array, DecodeState]:
     """Prefills one prompt in chunks aligned at multiples of `chunk` (module doc), from the deepest prefix `cache`
-    holds (if any), storing the boundaries of `boundaries_to_store` on the way.
+    holds (if any), storing the boundaries of `boundaries_to_store` on the way and the whole prompt at the end; a
+    prompt `cache` holds whole is not prefilled at all.
 
     Args:
-      prefill: (row, ids [1, T] int32, valid [1, T] bool) -> (token [1], logprob [1], row): continues a one-row state
-        with T tokens (right-padded) and samples the next one. Called with T = chunk for every full chunk.
+      prefill: (row, ids [1, T] int32, valid [1, T] bool) -> (next-token logits [1, V], row): continues a one-row
+        state with T tokens (right-padded). Called with T = chunk for every full chunk.
       empty_row: a fresh one-row state.
       prompt: the prompt ids (n of them).
       cache: the prefix cache, or None.
       stats: counters to update.
 
     Returns:
-      (token [1], logprob [1], row) of the last chunk: the first sampled token and the state after the prompt.
+      (next-token logits [1, V], row): the logits after the prompt's last token and the state after the prompt.
     """
     prompt = np.asarray(prompt, np.int32)
     n = len(prompt)
-    start, row, keys, store = 0, None, [], set()
+    stats.requests += 1
+    start, row, keys, store, whole = 0, None, [], set(), b""
     if cache is not None:
+        whole = prompt_key(prompt)
+        found = cache.lookup_prompt(whole)
+        if found is not None:
+            stats.hits += 1
+            stats.prompt_hits += 1
+            stats.reused_tokens += n
+            return found
         keys = boundary_keys(prompt, chunk, n // chunk)
         store = boundaries_to_store(n, chunk)
         hit, row = cache.lookup(keys[: (n - 1) // chunk])  # at least one token left to sample from
         start = hit * chunk
     if row is None:
         row = empty_row()
-    stats.requests += 1
     stats.hits += start > 0
     stats.reused_tokens += start
     stats.prefilled_tokens += n - start
@@ -219,9 +258,11 @@ def prefill_chunked(
         ids[0, :size] = prompt[start : start + size]
         valid = np.zeros((1, length), bool)
         valid[0, :size] = True
-        token, logprob, row = prefill(row, ids, valid)
+        logits, row = prefill(row, ids, valid)
         start += size
         if cache is not None and size == chunk and start // chunk in store:
             cache.put(keys[start // chunk - 1], row, start)
         if start == n:
-            return token, logprob, row
+            if cache is not None:
+                cache.put_prompt(whole, logits, row, n)
+            return logits, row
