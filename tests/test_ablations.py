@@ -28,9 +28,10 @@ from rltldr_jax.train.loop import Trainer
 RL = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") != "sft"]
 SFT = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") == "sft"]
 # One entry per code path runs by default (~15 s each on 2 cores; the defaults, `rltldr`, also run in
-# test_train_loop.py); every entry runs with `pytest -m slow`
-# (~40 × 15 s): the others differ from these only in coefficients, thresholds, content and generator.
-DEFAULT = {"grpo", "sge", "rltf_sd", "off_policy", "rltldr_rltf_fm", "sft_rollouts_100", "sftldr_dedup"}
+# test_train_loop.py, and `grpo`'s path, insight.schedule=never, in the replication's smoke grid,
+# tests/test_replication.py); every entry runs with `pytest -m slow` (CI runs them; ~40 × 15 s): the others differ
+# from these only in coefficients, thresholds, content and generator.
+DEFAULT = {"sge", "rltf_sd", "off_policy", "rltldr_rltf_fm", "sft_rollouts_100", "sftldr_dedup"}
 
 
 def _params(names):
