@@ -25,8 +25,8 @@ Whole prompts: after its last chunk, a prompt's state and its next-token logits 
 whole prompt (`prompt_key`). An identical prompt later (the other attempts of a task, i.i.d. samples, evaluation
 attempts) prefills nothing: it samples its first token from the stored logits with its own key, as a miss samples
 from the logits its last chunk returned (sampling is its own program, `JaxEngine._sample`), so a hit gives the same
-bits. The stored state holds the prompt's n positions of KV cache; positions past n, which a miss holds the last
-chunk's padding at, are never attended (a decode step writes its position before attending up to it).
+bits. The entry is the miss's own row and logits (a whole row: the engine never donates a prompt's final row, so
+they are held without a copy, and no program is compiled per prompt length).
 """
 
 from __future__ import annotations
@@ -157,22 +157,23 @@ class PrefixCache:
         return 0, None
 
     def lookup_prompt(self, key: bytes) -> tuple[jax.Array, DecodeState] | None:
-        """(next-token logits [1, V], a fresh one-row state) after the whole prompt of `key` (`prompt_key`), or None."""
+        """(next-token logits [1, V], the one-row state) after the whole prompt of `key` (`prompt_key`), or None: the
+        stored arrays themselves (`put_prompt`), not to be donated."""
         found = self._entries.get(key)
         if found is None:
             return None
         self._entries.move_to_end(key)
-        logits, entry = found[0]
-        return logits, self._restore(entry, self.cache_len)
+        return found[0]
 
     def put(self, key: bytes, row: DecodeState, length: int) -> None:
         """Stores a copy of `row` (one row, `length` tokens in it) under `key`, evicting least recently used entries."""
         self._store(key, _entry_bytes(row, length), lambda: self._take(row, length))
 
-    def put_prompt(self, key: bytes, logits: jax.Array, row: DecodeState, length: int) -> None:
-        """Stores `logits` [1, V] and a copy of `row` after a whole prompt of `length` tokens under `key`
-        (`prompt_key`)."""
-        self._store(key, _entry_bytes(row, length) + logits.nbytes, lambda: (logits, self._take(row, length)))
+    def put_prompt(self, key: bytes, logits: jax.Array, row: DecodeState) -> None:
+        """Stores `logits` [1, V] and `row` (one whole row, `cache_len` positions) after a whole prompt under `key`
+        (`prompt_key`). They are held as they are, not copied (no program per prompt length): the caller must not
+        donate them (the engine only inserts a prompt's final row into its decode state)."""
+        self._store(key, _entry_bytes(row, self.cache_len) + logits.nbytes, lambda: (logits, row))
 
     def _store(self, key: bytes, nbytes: int, entry: Callable[[], object]) -> None:
         if key in self._entries:
@@ -228,7 +229,8 @@ def prefill_chunked(
       stats: counters to update.
 
     Returns:
-      (next-token logits [1, V], row): the logits after the prompt's last token and the state after the prompt.
+      (next-token logits [1, V], row): the logits after the prompt's last token and the state after the prompt. With
+      a cache they are held by it (`put_prompt`) and may be returned again: the caller must not donate them.
     """
     prompt = np.asarray(prompt, np.int32)
     n = len(prompt)
@@ -264,5 +266,5 @@ def prefill_chunked(
             cache.put(keys[start // chunk - 1], row, start)
         if start == n:
             if cache is not None:
-                cache.put_prompt(whole, logits, row, n)
+                cache.put_prompt(whole, logits, row)
             return logits, row
