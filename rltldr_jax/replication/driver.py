@@ -495,9 +495,9 @@ def run_replication(
     `order` is the arms' order in the report (default: `configs`' order). Every step is cached or resumable, so a
     second call only does what is missing; other launchers may share `out` (module docstring). `jobs` pieces (a
     seed's base checks, a run) go on at once, each in its own process: a run's results do not depend on `jobs`
-    (every process computes alone; on a CPU, XLA's programs for these small shapes keep about one core busy each, so
-    a 2-core machine does a grid about 1.7x faster with `jobs=2`). With `jobs > 1` the pieces show no progress bars of
-    their own (`progress` still shows the grid's).
+    (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x faster with `jobs=2` (one process
+    already keeps 1.1 cores busy, and two slow each other down); more cores gain more. With `jobs > 1` the pieces
+    show no progress bars of their own (`progress` still shows the grid's).
 
     Raises:
       GridError: `out` holds runs or base checks made with other settings (before anything runs; `restart=True`
