@@ -581,10 +581,14 @@ def run_replication(
             bar.update(1)
 
     # Every seed's base policy, then its checks, then the runs (a run needs its seed's base policy; an arm that shares
-    # another's run, or trains on its rollouts, comes after it), `jobs` at a time.
+    # another's run, or trains on its rollouts, comes after it), `jobs` at a time. Several at a time, the runs whose
+    # attempts see insights go first (sequential attempts with longer contexts: the longest), so that the short ones
+    # fill the end instead of one long run going on alone.
     tasks = [Task(f"base s{seed}", functools.partial(base_policies, seed)) for seed in seeds]
     tasks += [Task(f"checks s{seed}", functools.partial(base_checks_of, seed), (f"base s{seed}",)) for seed in seeds]
     owner = {(run.arm, run.seed): run.workdir for run in runs if not run.shared_with}
+    if jobs > 1:  # (a stable sort: an owner stays before the runs that share it, online runs before offline ones)
+        runs = sorted(runs, key=lambda run: (run.offline, run.config.insight.schedule == "never"))
     for run in runs:
         after = [f"base s{run.seed}"]
         if run.shared_with:
