@@ -154,7 +154,7 @@ paths = run_replication(
     REPLICATE_OUT,
     title=f"Small-scale replication ({PRESET})",
     checks=replicate.CHECKS[PRESET],
-    jobs=2,  # two pieces (base checks, runs) at once, each in its own process: a Colab CPU runtime has 2 cores
+    jobs=0,  # pieces (base checks, runs) at once, each in its own process: one per CPU core (2 on Colab's CPU)
     progress=not TEST_MODE,
 )
 print(open(os.path.join(REPLICATE_OUT, "results.md")).read())

@@ -132,7 +132,6 @@ def main(argv: list[str]) -> None:
     jobs = _JOBS.value if _JOBS.value is not None else getattr(grid, "JOBS", {}).get(preset, 1)
     if jobs < 0:
         sys.exit(f"error: --jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core")
-    jobs = jobs or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4)
     try:
         paths = run_replication(
             configs,

@@ -494,15 +494,18 @@ def run_replication(
     run there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks);
     `order` is the arms' order in the report (default: `configs`' order). Every step is cached or resumable, so a
     second call only does what is missing; other launchers may share `out` (module docstring). `jobs` pieces (a
-    seed's base checks, a run) go on at once, each in its own process: a run's results do not depend on `jobs`
-    (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x faster with `jobs=2` (one process
-    already keeps 1.1 cores busy, and two slow each other down); more cores gain more. With `jobs > 1` the pieces
-    show no progress bars of their own (`progress` still shows the grid's).
+    seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
+    results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x
+    faster with `jobs=2` (one process already keeps 1.1 cores busy, and two slow each other down); more cores gain
+    more. With `jobs > 1` the pieces show no progress bars of their own (`progress` still shows the grid's).
 
     Raises:
       GridError: `out` holds runs or base checks made with other settings (before anything runs; `restart=True`
         redoes them instead), or some runs failed (after the others ran and the report was written).
     """
+    if jobs < 0:
+        raise ValueError(f"jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core (at most 4)")
+    jobs = jobs or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4)
     sizes = dict(checks or {})
     configs = _resolve_base_policies(dict(configs))
     seeds = sorted({s for _, s in configs})
@@ -586,13 +589,12 @@ def run_replication(
     # fill the end instead of one long run going on alone.
     tasks = [Task(f"base s{seed}", functools.partial(base_policies, seed)) for seed in seeds]
     tasks += [Task(f"checks s{seed}", functools.partial(base_checks_of, seed), (f"base s{seed}",)) for seed in seeds]
-    owner = {(run.arm, run.seed): run.workdir for run in runs if not run.shared_with}
     if jobs > 1:  # (a stable sort: an owner stays before the runs that share it, online runs before offline ones)
         runs = sorted(runs, key=lambda run: (run.offline, run.config.insight.schedule == "never"))
     for run in runs:
         after = [f"base s{run.seed}"]
-        if run.shared_with:
-            after.append(owner[(run.shared_with, run.seed)])
+        if run.shared_with:  # (its workdir is the run it shares: plan_runs)
+            after.append(run.workdir)
         if run.depends_on:
             after.append(run.depends_on)
         key = run.workdir if not run.shared_with else f"{run.workdir} as {run.arm}"
