@@ -110,7 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Which attempts get an insight written: failure (RLTL;DR) | any (SGE summarises successes too)
     c.insight.after = "failure"
     # Who writes them: policy (the current policy in a fresh chat, A.1) | teacher (a separate model, Table 3)
-    #   | verifier (the first failed requirement turned into a sentence by rule; for untrained tiny models)
+    #   | rule (the verifier's first failed requirement turned into a sentence by rule; for untrained tiny models)
     #   | uninformative (a control, not in the paper: the verifier's sentence replaced by one of the same form and
     #     token length that says nothing about the failure; environments with such a control only: craft)
     c.insight.source = "policy"

@@ -58,6 +58,7 @@ from etils import epath
 from flax import nnx
 
 from rltldr_jax import sharding
+from rltldr_jax.mismatch import mismatch_problems
 from rltldr_jax.models.config import Qwen35Config
 from rltldr_jax.models.hf import ALLOW_NONFINITE_HINT, CorruptCheckpointError
 
@@ -196,17 +197,10 @@ def _compare(item: str, target, stored_metadata) -> list[str]:
         and (tuple(have[n].shape) != tuple(want[n].shape) or np.dtype(have[n].dtype) != np.dtype(want[n].dtype))
     ]
 
-    def cut(names: list[str], sep: str = ", ") -> str:
-        return sep.join(names[:12]) + (f"{sep}… ({len(names)} in all)" if len(names) > 12 else "")
-
-    problems = []
-    if missing:
-        problems.append(f"{item}: not in the checkpoint: {cut(missing)}")
-    if unexpected:
-        problems.append(f"{item}: in the checkpoint but not in the target: {cut(unexpected)}")
-    if wrong:
-        problems.append(f"{item}: mis-shaped: {cut(wrong, '; ')}")
-    return problems
+    return [
+        f"{item}: {p}"
+        for p in mismatch_problems(missing=missing, unexpected=unexpected, mis_shaped=wrong, what="arrays")
+    ]
 
 
 def tree_bytes(*trees) -> int:

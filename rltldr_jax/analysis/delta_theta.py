@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from rltldr_jax.checkpoint import split_step  # `DIR[:STEP]` parsing, shared with checkpoint.load_model
+from rltldr_jax.mismatch import listing, mismatch_problems
 
 TOP_FRACTION = 0.01  # the paper's "top-1% share of Δθ²"
 DEFAULT_BINS_PER_OCTAVE = 1024
@@ -408,7 +409,7 @@ def delta_stats(
         ad = np.abs(d, out=d)
         l1 += float(ad.sum())
         l2sq += float(np.dot(ad, ad))
-        exceed += int(np.count_nonzero(ad * 256.0 > np.abs(a64)))  # |Δ| > 2⁻⁸|θ_a|, exact (scaling by 2⁸)
+        exceed += int(np.count_nonzero(exceeds_bf16(a64, ad)))
         hist = hist + LogHistogram.of(ad, bins_per_octave)
     return DeltaStats(1, int(a.size), l1, l2sq, exceed, hist)
 
@@ -453,17 +454,6 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     dtype: str
-
-
-def _cut(items: Sequence[str]) -> str:
-    """At most 12 items, "; "-separated, with the total when there are more."""
-    return "; ".join(items[:12]) + (f" … ({len(items)} in all)" if len(items) > 12 else "")
-
-
-def _problems(*, missing: Sequence[str], unexpected: Sequence[str], mis_shaped: Sequence[str], what: str) -> list[str]:
-    """The non-empty ones of "missing/unexpected/mis-shaped {what}: …"."""
-    named = (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mis_shaped))
-    return [f"{kind} {what}: {_cut(items)}" for kind, items in named if items]
 
 
 def _hf_shape(ours: Sequence[int], transform: str) -> tuple[int, ...]:
@@ -569,7 +559,7 @@ class HFSource(Source):
                 self.tensors.append(TensorInfo(name, shape, dtype))
         tied = {"lm_head.weight"} if self.config.tie_word_embeddings else set()  # a tied copy is ignored
         unexpected = sorted(set(self._where) - used - tied)
-        problems = _problems(missing=missing, unexpected=unexpected, mis_shaped=misshaped, what="tensors")
+        problems = mismatch_problems(missing=missing, unexpected=unexpected, mis_shaped=misshaped, what="tensors")
         if problems:
             self.close()
             raise DeltaThetaError(f"HF checkpoint {path!r} does not match its config.json: " + " | ".join(problems))
@@ -654,7 +644,7 @@ class OrbaxSource(Source):
                 self.tensors.append(TensorInfo(name, _hf_shape(layer, transform), np.dtype(meta.dtype).name))
                 self._where[name] = (leaf, at, transform)
         unexpected = sorted(set(stored) - used)
-        problems = _problems(missing=missing, unexpected=unexpected, mis_shaped=misshaped, what="arrays")
+        problems = mismatch_problems(missing=missing, unexpected=unexpected, mis_shaped=misshaped, what="arrays")
         if problems:
             raise DeltaThetaError(f"checkpoint {self.label} does not match its model config: " + " | ".join(problems))
         self._checkpointer = ocp.PyTreeCheckpointer()
@@ -797,11 +787,11 @@ def _check_same_tensors(a: Source, b: Source) -> None:
 
     problems = []
     if only_a:
-        problems.append(f"only in a: {_cut(only_a)}")
+        problems.append(f"only in a: {listing(only_a, '; ')}")
     if only_b:
-        problems.append(f"only in b: {_cut(only_b)}")
+        problems.append(f"only in b: {listing(only_b, '; ')}")
     if wrong:
-        problems.append(f"different shapes: {_cut(wrong)}")
+        problems.append(f"different shapes: {listing(wrong, '; ')}")
     if problems:
         raise DeltaThetaError(f"a = {a.label} and b = {b.label} have different architectures: " + " | ".join(problems))
 

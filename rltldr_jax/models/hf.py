@@ -37,6 +37,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from rltldr_jax.mismatch import mismatch_problems
 from rltldr_jax.models.config import Qwen35Config
 from rltldr_jax.models.qwen3_5 import ModelSpec, Qwen35
 
@@ -258,13 +259,7 @@ def load_pretrained(
                 value = parts[names[0]]
             leaves[key] = value if dtype is None else value.astype(dtype)
     unexpected = sorted(set(reader.files) - used - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {', '.join(missing[:20])}{' …' if len(missing) > 20 else ''}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(unexpected[:20])}{' …' if len(unexpected) > 20 else ''}")
-    if misshaped:
-        problems.append("mis-shaped tensors: " + "; ".join(misshaped[:20]) + (" …" if len(misshaped) > 20 else ""))
+    problems = mismatch_problems(missing=missing, unexpected=unexpected, mis_shaped=misshaped, what="tensors")
     if problems:
         raise CheckpointError(f"checkpoint {path!r} does not match its config.json: " + " | ".join(problems))
     flat = [(key, jnp.asarray(leaves[key])) for key, _ in nnx.to_flat_state(state)]
