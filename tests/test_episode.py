@@ -11,7 +11,7 @@ import pytest
 
 from rltldr_jax.agent.episode import EpisodeConfig, extract_code, run_attempt, step_seed, task_text
 from rltldr_jax.agent.generation import shorten
-from rltldr_jax.engines import GenerationRequest, GenerationResult
+from rltldr_jax.engines import GenerationEngine, GenerationRequest, GenerationResult
 from rltldr_jax.envs import make_env
 from rltldr_jax.envs.sapi.tasks import generate_tasks, golden_solution
 from rltldr_jax.models import sequence_logprobs
@@ -65,7 +65,7 @@ def test_random_policy_attempt_forced_think_and_engine_logprobs(tiny_policy, bui
     assert np.array_equal(np.flatnonzero(context.action_mask) - start, np.flatnonzero(sampled))
 
 
-class ReplayEngine:
+class ReplayEngine(GenerationEngine):
     """Plays back fixed completions (a test double for the control flow of multi-step attempts: a random model
     cannot write working code). Each completion is cut at the request's stop ids and budget, like an engine."""
 

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from rltldr_jax.agent.generation import generate_two_phase
-from rltldr_jax.engines import GenerationRequest, GenerationResult
+from rltldr_jax.engines import GenerationEngine, GenerationRequest, GenerationResult
 
 
-class ScriptedEngine:
+class ScriptedEngine(GenerationEngine):
     """Returns fixed (ids, finish reason) results in order and records the requests."""
 
     weight_version = 0

@@ -23,7 +23,7 @@ from rltldr_jax.agent.insight import (
     render_writer_prompt,
     rule_insight,
 )
-from rltldr_jax.engines.engine import GenerationResult
+from rltldr_jax.engines.engine import GenerationEngine, GenerationResult
 from rltldr_jax.envs import leetcode as lc
 from rltldr_jax.envs.appworld import verdict_from_tracker_dict
 from rltldr_jax.envs.base import Task
@@ -417,7 +417,7 @@ def test_verifier_writer_needs_no_engine(tokenizer):
 # ------------------------------------------------------------------------------------------------ generation
 
 
-class ScriptedEngine:
+class ScriptedEngine(GenerationEngine):
     """Replies from a script and records the requests (checks the two-phase control flow)."""
 
     weight_version = 5

@@ -26,7 +26,7 @@ from rltldr_jax.agent.collector import Collector
 from rltldr_jax.agent.episode import EpisodeConfig, task_text
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.schedule import InsightSchedule
-from rltldr_jax.engines import GenerationRequest, GenerationResult
+from rltldr_jax.engines import GenerationEngine, GenerationRequest, GenerationResult
 from rltldr_jax.envs import StepResult, Task, Verdict
 from rltldr_jax.models import sequence_logprobs
 from rltldr_jax.tokenization import render_context
@@ -58,7 +58,7 @@ class FailingEnv:
         pass
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(GenerationEngine):
     """The policy's two roles: as the agent it answers without a code block (each attempt fails after one step);
     as the writer (a fresh chat whose prompt contains the verifier's report) it answers with the next insight."""
 

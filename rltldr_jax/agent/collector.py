@@ -227,7 +227,7 @@ class Collector:
     ) -> tuple[Attempt, ...]:
         """All `group_size` attempts of every task at once, numbered 1..K, at most `max_parallel_attempts` at a time
         over a shared pool of environments; sorted by task (in `tasks` order) and attempt number."""
-        limit = self.max_parallel_attempts or int(getattr(self.engine, "max_batch", 0) or 64)
+        limit = self.max_parallel_attempts or int(self.engine.max_batch or 64)
         limit = max(limit, len(tasks))
         slots = asyncio.Semaphore(limit)
         idle: list[Env] = []
@@ -290,10 +290,11 @@ class PendingPhase:
 
     # -- the background thread --------------------------------------------------------------------------
 
-    def _engines(self) -> list[Any]:
+    def _engines(self) -> list[GenerationEngine]:
         """The engines this phase sends requests to (the policy's; the insight writer's when it is another)."""
         engines = [self._collector.engine]
-        writer_engine = getattr(self._collector.writer, "engine", None)
+        writer = self._collector.writer
+        writer_engine = writer.engine if writer is not None else None
         if writer_engine is not None and writer_engine is not self._collector.engine:
             engines.append(writer_engine)
         return engines
@@ -321,12 +322,11 @@ class PendingPhase:
         await asyncio.gather(*others, return_exceptions=True)
         if self._started:  # (a phase cancelled before it began sent nothing)
             for engine in self._engines():
-                pause, resume = getattr(engine, "pause", None), getattr(engine, "resume", None)
-                if pause is not None and resume is not None and not getattr(engine, "paused", True):
-                    await asyncio.to_thread(pause, "abort")  # returns once the engine has dropped them (JaxEngine)
-                    resume()
-                elif (abort := getattr(engine, "abort", None)) is not None:
-                    abort()
+                if not engine.paused:
+                    await asyncio.to_thread(engine.pause, "abort")  # returns once the engine has dropped them
+                    engine.resume()
+                else:
+                    engine.abort()
 
     def _run(self) -> None:
         t0 = time.perf_counter()

@@ -1,17 +1,22 @@
-"""The GenerationEngine protocol: token ids in, token ids and their logprobs out.
+"""The GenerationEngine base class: token ids in, token ids and their logprobs out.
 
-Two implementations share it: the embedded `JaxEngine` (CPU, Colab, tests) and the SGLang gRPC client (GPU
-servers). Episodes call `await engine.generate(request)`; many are in flight at once and the engine batches
-them. After each update phase the trainer calls `update_weights(params, version)`; every result says which
-weight version produced its last token.
+Every backend subclasses `GenerationEngine`: the embedded `JaxEngine` (CPU, Colab, tests), the client of generation
+servers `SglangClient` (SGLang, or launch/serve.py), and any registered from outside the package (`engines.factory`'s
+`register_engine`). Episodes call `await engine.generate(request)`; many are in flight at once and the engine batches
+them. After each update phase the trainer calls `update_weights(params, version)`; every result says which weight
+version produced its last token. A backend must provide `generate`; every other member has a default for a backend
+with nothing to do there.
 """
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import dataclasses
 import math
 import uuid
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import Any, Literal, Self
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -88,12 +93,81 @@ class GenerationResult:
     weight_version: int
 
 
-class GenerationEngine(Protocol):
-    """Anything that turns prompt ids into sampled ids with logprobs and accepts new weights."""
+class GenerationEngine(abc.ABC):
+    """Anything that turns prompt ids into sampled ids with logprobs and accepts new weights.
+
+    Subclasses implement `generate`. The defaults suit a backend that holds no weights of its own to verify and has
+    no queue to pause: `update_weights` only records the version (which `weight_version` then reports),
+    `ensure_weights` reports "embedded", `pause("abort")` calls `abort`, and `abort`, `resume` and `close` do
+    nothing. Engines are context managers (`with engine: ...` closes them). Subclasses need not call
+    `GenerationEngine.__init__`.
+
+    Attributes:
+      max_batch: how many sequences the engine generates at once, the collector's default limit of attempts in
+        flight; 0 = unknown (the collector then allows 64).
+    """
+
+    max_batch: int = 0
+    _base_weight_version: int = 0
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generates one completion; many calls may be in flight at once (from one event loop)."""
+
+    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking batch generation (results in request order), for scripts and evaluation: `generate` on a fresh
+        event loop. Not to be called from a running event loop."""
+
+        async def gather() -> list[GenerationResult]:
+            return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+        return asyncio.run(gather())
 
     @property
-    def weight_version(self) -> int: ...
+    def weight_version(self) -> int:
+        """The version label of the weights that later requests are generated with."""
+        return self._base_weight_version
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+    def update_weights(self, params: Any, version: int) -> None:
+        """Serves `params` (a model or its `nnx.state`) as `version` from now on. Default: records the version only
+        (a backend whose samples do not depend on the trainer's weights)."""
+        del params
+        self._base_weight_version = int(version)
 
-    def update_weights(self, params: Any, version: int) -> None: ...
+    def ensure_weights(self, model: Any, version: int, *, assume: bool = False) -> str:
+        """Makes the engine serve `model` as `version` before the first phase (fresh or resumed run); returns how:
+        "embedded" (built from `model` itself, the default: nothing to do), "verified", "assumed" or "pushed"
+        (`SglangClient.ensure_weights`). `assume` trusts servers that cannot prove their weights."""
+        del model, version, assume
+        return "embedded"
+
+    def abort(self, request_id: str | None = None) -> None:
+        """Finishes one request (None: every queued and running one) with finish reason "abort". Default: nothing
+        (requests in flight simply finish)."""
+        del request_id
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Stops generating until `resume()`; with mode "abort" the queued and running requests finish with reason
+        "abort" (SGLang's `pause_generation` modes: "abort", "in_place", "retract"). Default: "abort" calls `abort()`,
+        the other modes do nothing."""
+        if mode == "abort":
+            self.abort()
+
+    def resume(self) -> None:
+        """Continues after `pause()`. Default: nothing."""
+        return
+
+    @property
+    def paused(self) -> bool:
+        """Whether the engine is paused (between `pause()` and `resume()`). Default: False."""
+        return False
+
+    def close(self) -> None:
+        """Releases the engine's threads, channels or servers; requests still in flight end. Default: nothing."""
+        return
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -79,7 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
+from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, GenerationResult
 from rltldr_jax.engines.prefix_cache import MIN_CHUNK_BUCKET, PrefixCache, PrefixStats, prefill_chunked
 from rltldr_jax.models.qwen3_5 import (
     Attention,
@@ -328,8 +328,8 @@ class _Active:
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
 
-class JaxEngine:
-    """Embedded, batched generation with a Qwen 3.5 model (implements `GenerationEngine`).
+class JaxEngine(GenerationEngine):
+    """Embedded, batched generation with a Qwen 3.5 model (a `GenerationEngine`).
 
     Args:
       model: the policy (its parameters are copied out; `update_weights` replaces them).
@@ -589,12 +589,6 @@ class JaxEngine:
             self._closed = True
             self._lock.notify_all()
         self._thread.join()
-
-    def __enter__(self) -> JaxEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- jitted pieces ----------------------------------------------------------------------------------
 
