@@ -25,7 +25,7 @@ from rltldr_jax.agent.insight import CONTENTS, SOURCES
 from rltldr_jax.agent.schedule import POLICIES
 from rltldr_jax.compile_cache import default_cache_dir
 from rltldr_jax.engines.engine import top_k_error
-from rltldr_jax.engines.factory import ENGINE_KINDS
+from rltldr_jax.engines.factory import engine_kind_error
 from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES, decode_group_error
 from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
 from rltldr_jax.models.presets import PRESETS
@@ -208,15 +208,16 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- Generation engine -----------------------------------------------------------------------------
     c.engine = ml_collections.ConfigDict()
-    c.engine.kind = (
-        "sglang"  # jax (embedded, CPU/Colab/tests) | sglang (SGLang servers over gRPC) | grpc (launch/serve.py)
-    )
-    c.engine.servers = ""  # comma-separated host:port of the servers' gRPC listeners (sglang | grpc)
+    # A registered backend (rltldr_jax/engines/factory.py): jax (embedded, CPU/Colab/tests) | sglang (SGLang
+    # servers over gRPC) | jax_grpc (launch/serve.py; "grpc" is an alias) | package.module:name (a backend its
+    # module registers on import).
+    c.engine.kind = "sglang"
+    c.engine.servers = ""  # comma-separated host:port of the servers' gRPC listeners (sglang | jax_grpc)
     # SGLang's HTTP base URLs (http://host:port, same order as servers): weight pushes with version labels go to
     # POST /update_weights_from_disk there (SGLang's gRPC update has no version field). launch/serve_sglang.py
-    # prints both lists. Empty for kind=grpc (launch/serve.py takes the version over gRPC).
+    # prints both lists. Empty for kind=jax_grpc (launch/serve.py takes the version over gRPC).
     c.engine.http_servers = ""
-    # Per-attempt deadline (s) of one generation request on a server (kind=sglang | grpc); then it is retried on
+    # Per-attempt deadline (s) of one generation request on a server (kind=sglang | jax_grpc); then it is retried on
     # another. 1 h leaves room for the longest completions on a loaded server; 0 = none. A stopped or hung server is
     # found sooner by the client's health checks (every 10 s) and its requests sent elsewhere; a server healthy again
     # returns to rotation, given the current weights first. Servers started with an API key (launch/serve.py on a
@@ -248,8 +249,8 @@ def get_config() -> ml_collections.ConfigDict:
     # requests may prefer decode_group = max_batch.
     c.engine.decode_steps = 32
     c.engine.decode_group = 8
-    # Servers (kind=grpc | sglang) must sample from the trainer's weights from the first phase on. At start (fresh or
-    # resumed) the trainer pushes its weights as its current version unless every server proves it serves them
+    # Servers (kind=jax_grpc | sglang) must sample from the trainer's weights from the first phase on. At start (fresh
+    # or resumed) the trainer pushes its weights as its current version unless every server proves it serves them
     # (launch/serve.py reports a weights fingerprint). SGLang reports none, so it gets the push, unless this is True:
     # the fast path when the servers were started from model.checkpoint (fresh run) at the trainer's weight version.
     c.engine.assume_initial_weights = False
@@ -331,7 +332,7 @@ class ConfigError(ValueError):
 
 
 #: The allowed values of each choice key: `mode` and the model dtypes are this file's; every other list lives in the
-#: module that implements it.
+#: module that implements it. `engine.kind` is checked against the engine registry (`engine_kind_error`).
 CHOICES: dict[str, tuple[Any, ...]] = {
     "mode": ("rl", "sft"),
     "model.preset": MODEL_PRESETS,
@@ -345,7 +346,6 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "loss.insight_rollouts": tuple(INSIGHT_ROLLOUTS),
     "loss.writer_sft_filter": WRITER_SFT_FILTERS,
     "optim.name": OPTIMIZERS,
-    "engine.kind": ENGINE_KINDS,
     "engine.weights_dtype": WEIGHTS_DTYPES,
     "sft.data": SFT_DATA,
 }
@@ -526,6 +526,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         value = get(config, key)
         if value not in choices:
             errors.append(f"{key}={value!r} is not one of {', '.join(map(repr, choices))}")
+    # engine.kind follows the engine registry (a package.module:name value imports the module that registers it).
+    if problem := engine_kind_error(config.engine.kind):
+        errors.append(problem)
     for key, spec in RANGES.items():
         value = get(config, key)
         if key in nonfinite:

@@ -13,7 +13,7 @@ policy of `pretrain.*` (pretrained first if it is not cached: the only case that
 random initialisation (tiny only). The policy is evaluated with its own tokenizer: an HF directory's tokenizer.json,
 or the tokenizer a training checkpoint's run used (recorded with it); a checkpoint whose architecture or tokenizer
 differs from the policy the config names (`tokenizer`, `model.checkpoint`, or pretraining) is refused in one line,
-as is a damaged checkpoint (its checksums). With engine.kind=grpc|sglang the servers must already be running; the
+as is a damaged checkpoint (its checksums). With engine.kind=jax_grpc|sglang the servers must already be running; the
 weights are pushed to them first (as the trainer does). Writes `{workdir}/eval/eval_{name}.json` (or `--out`)
 with every metric and the per-task successes, and prints the headline numbers.
 """

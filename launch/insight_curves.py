@@ -8,7 +8,7 @@
 
 The config flags are those of launch/train.py (`--config=FILE[:PRESET]`, `--ablation=NAME`, `--config.KEY=VALUE`,
 `--dry_run`; parsed by launch/common.py): rollout budgets and sampling, the insight writer (`insight.source`, content,
-budgets; `insight.max_insights` is n_fb of the sequential mode) and the engine (`engine.kind`; with grpc/sglang
+budgets; `insight.max_insights` is n_fb of the sequential mode) and the engine (`engine.kind`; with jax_grpc/sglang
 the servers must already serve the `--checkpoint` weights). `--checkpoint` is an HF directory or a run's
 checkpoint directory `DIR[:STEP]` (default `model.checkpoint`; random weights for the tiny preset).
 

@@ -4,7 +4,7 @@
     python launch/serve.py --preset=tiny --port=0 --port_file=/tmp/port   # random tiny model, free port
 
 One process per accelerator host (or per CPU box). The trainer reaches every server with `SglangClient`
-(`engine.kind=grpc`, `engine.servers=host:port,...`) exactly as it reaches SGLang servers, and pushes new
+(`engine.kind=jax_grpc`, `engine.servers=host:port,...`) exactly as it reaches SGLang servers, and pushes new
 weights with `UpdateWeightsFromDisk` into a directory the server can read. The server warms up (compiles
 prefill and decode) before it reports ready; it prints `serving on HOST:PORT` and, with --port_file, writes
 the bound port there. SIGTERM/SIGINT aborts running requests and stops.

@@ -1,18 +1,28 @@
-"""Engines from typed settings: the policy's (embedded JaxEngine or a client of generation servers) and the frozen
-teacher of `insight.source="teacher"` (Table 3's separate insight generator).
+"""Engines from typed settings: the policy's (a backend of the registry `ENGINES`, chosen by `engine.kind`) and the
+frozen teacher of `insight.source="teacher"` (Table 3's separate insight generator).
 
     settings = EngineConfig.from_config(config)               # config.engine.*, config.insight.teacher.*: once
     engine = policy_engine(settings, model, workdir=...)
     teacher, teacher_tokenizer = teacher_engine(settings)     # (None, None) if unused
 
 The policy engine receives the trainer's weight pushes; the teacher never does.
+
+Backends: `engine.kind` names a builder registered with `@register_engine(name)`. Built in: "jax" (the embedded
+JaxEngine), "sglang" (SGLang servers over gRPC, launch/serve_sglang.py) and "jax_grpc" (JaxEngines behind
+launch/serve.py's gRPC servers; "grpc", its name before the registry, stays an alias: saved run configs and scripts
+use it). A backend outside the package registers itself when its module is imported, and is chosen with
+`engine.kind=package.module:name`: the module is imported (by config validation, and again here) and `name` must be
+registered then. A builder is called as `builder(settings, model, workdir=..., version=...)` and returns a
+`GenerationEngine` that already serves `model`'s weights labelled `version`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import ml_collections
 from flax import nnx
@@ -20,8 +30,88 @@ from flax import nnx
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 
-#: Values of `engine.kind`: the embedded JaxEngine, SGLang servers over gRPC, or launch/serve.py's gRPC servers.
-ENGINE_KINDS = ("jax", "sglang", "grpc")
+
+class EngineBuilder(Protocol):
+    """Builds the policy's engine: `builder(settings, model, workdir=..., version=...)`.
+
+    Args:
+      config: the run's `EngineConfig` (its `kind` as the user wrote it).
+      model: the policy (a Qwen35); the engine must serve its weights, labelled `version`.
+      workdir: the run's directory (e.g. for weight pushes through files).
+      version: the weight version of `model` (0 on a fresh run, the checkpoint's on a resumed one).
+    """
+
+    def __call__(self, config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine: ...
+
+
+#: The registry of `engine.kind` values: name -> builder (`register_engine` adds to it).
+ENGINES: dict[str, EngineBuilder] = {}
+#: Older names of registered kinds, still accepted: alias -> name.
+ENGINE_ALIASES: dict[str, str] = {"grpc": "jax_grpc"}
+
+
+def register_engine(name: str) -> Callable[[EngineBuilder], EngineBuilder]:
+    """A decorator that registers a builder as `engine.kind=name` (re-registering a name replaces its builder, so a
+    module imported twice is harmless).
+
+        @register_engine("scripted")
+        def build(config, model, *, workdir, version):
+            return ScriptedEngine(...)
+    """
+    if not name or ":" in name or name in ENGINE_ALIASES:
+        raise ValueError(f"engine name {name!r}: give a non-empty name without ':' that is not an alias")
+
+    def register(builder: EngineBuilder) -> EngineBuilder:
+        ENGINES[name] = builder
+        return builder
+
+    return register
+
+
+def engine_kinds() -> tuple[str, ...]:
+    """The accepted values of `engine.kind` now: the registered names and the aliases, sorted."""
+    return tuple(sorted({*ENGINES, *ENGINE_ALIASES}))
+
+
+def engine_kind_error(kind: Any, *, prefix: str = "engine.") -> str | None:
+    """What is wrong with an `engine.kind` value, in one line, None if nothing. A `module:name` value imports
+    `module` (where it registers its backends)."""
+    try:
+        resolve_engine(kind)
+    except ValueError as e:
+        return f"{prefix}{e}"
+    return None
+
+
+def resolve_engine(kind: Any) -> EngineBuilder:
+    """The builder of an `engine.kind` value: a registered name, an alias, or `module:name` (imports `module`).
+
+    Raises:
+      ValueError: one line naming the choices, or why the module did not provide the backend.
+    """
+    if not isinstance(kind, str):
+        raise ValueError(f"kind={kind!r} must be a string")
+    name = ENGINE_ALIASES.get(kind, kind)
+    module, colon, registered = kind.partition(":")
+    if colon:
+        if not module or not registered:
+            raise ValueError(f"kind={kind!r}: write package.module:name")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"kind={kind!r}: cannot import {module} ({type(e).__name__}: {e})") from None
+        if registered not in ENGINES:
+            raise ValueError(
+                f"kind={kind!r}: importing {module} registered no engine {registered!r} "
+                f"(registered: {', '.join(sorted(ENGINES))}; use @register_engine({registered!r}))"
+            )
+        name = registered
+    if name not in ENGINES:
+        raise ValueError(
+            f"kind={kind!r} is not one of {', '.join(map(repr, engine_kinds()))}, nor package.module:name of a "
+            "backend its module registers (register_engine)"
+        )
+    return ENGINES[name]
 
 
 def _addresses(value: str) -> list[str]:
@@ -58,7 +148,8 @@ class TeacherConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """The engines' settings: `engine.*` (kind one of `ENGINE_KINDS`; servers and http_servers comma-separated),
+    """The engines' settings: `engine.*` (kind: a registered engine, see `resolve_engine`; servers and http_servers
+    comma-separated),
     the context limit `rollout.max_context_tokens` of every sequence, and the teacher (None: none)."""
 
     kind: str
@@ -113,39 +204,64 @@ class EngineConfig:
 
 
 def policy_engine(config: EngineConfig, model: Any, *, workdir: str, version: int = 0) -> GenerationEngine:
-    """The generation engine of `config` for the policy `model` (a Qwen35).
+    """The generation engine of `config` (its `kind`'s registered builder) for the policy `model` (a Qwen35).
 
-    kind=jax: an embedded JaxEngine holding `model`'s weights. kind=grpc / sglang: a client of running servers
-    (launch/serve.py / launch/serve_sglang.py) that already serve the policy at `version`; weight pushes go
-    through `weight_sync_dir` (default `{workdir}/weights`).
+    kind=jax: an embedded JaxEngine holding `model`'s weights. kind=jax_grpc (alias grpc) / sglang: a client of
+    running servers (launch/serve.py / launch/serve_sglang.py) that already serve the policy at `version`; weight
+    pushes go through `weight_sync_dir` (default `{workdir}/weights`). Any other kind: the builder registered under
+    it (module doc).
     """
-    if config.kind == "jax":
-        from rltldr_jax.engines.jax_engine import JaxEngine
+    return resolve_engine(config.kind)(config, model, workdir=workdir, version=version)
 
-        return JaxEngine(
-            model,
-            max_batch=config.max_batch,
-            max_len=config.max_context_tokens,
-            weight_version=version,
-            **config.jax_engine_options(),
-        )
+
+@register_engine("jax")
+def _jax_engine(config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine:
+    """The embedded JaxEngine holding `model`'s weights."""
+    from rltldr_jax.engines.jax_engine import JaxEngine
+
+    del workdir
+    return JaxEngine(
+        model,
+        max_batch=config.max_batch,
+        max_len=config.max_context_tokens,
+        weight_version=version,
+        **config.jax_engine_options(),
+    )
+
+
+@register_engine("sglang")
+def _sglang_servers(config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine:
+    """A client of SGLang servers (launch/serve_sglang.py); versioned pushes over their HTTP ports."""
+    return _server_client(config, model, workdir=workdir, version=version, weight_update="http")
+
+
+@register_engine("jax_grpc")
+def _jax_grpc_servers(config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine:
+    """A client of launch/serve.py's gRPC servers (JaxEngines behind SGLang's gRPC service); pushes over gRPC."""
+    return _server_client(config, model, workdir=workdir, version=version, weight_update="grpc")
+
+
+def _server_client(
+    config: EngineConfig, model: Any, *, workdir: str, version: int, weight_update: str
+) -> GenerationEngine:
+    """An SglangClient of `config.servers`, pushing weights with `weight_update` ("http": SGLang's HTTP ports)."""
     from rltldr_jax.engines.sglang_client import SglangClient
 
     servers = _addresses(config.servers)
     if not servers:
         raise ValueError(
             f"engine.kind={config.kind} needs engine.servers=host:port,...; start them with "
-            + ("launch/serve_sglang.py (CUDA GPUs)" if config.kind == "sglang" else "launch/serve.py")
+            + ("launch/serve_sglang.py (CUDA GPUs)" if weight_update == "http" else "launch/serve.py")
         )
     http = _addresses(config.http_servers) or None
-    if config.kind == "sglang" and not http:
+    if weight_update == "http" and not http:
         raise ValueError(
-            "engine.kind=sglang needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes"
+            f"engine.kind={config.kind} needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes"
         )
     return SglangClient(
         servers,
         http_urls=http,
-        weight_update="http" if config.kind == "sglang" else "grpc",
+        weight_update="http" if weight_update == "http" else "grpc",
         graphdef=nnx.graphdef(model),
         weight_dir=config.weight_sync_dir or os.path.join(workdir, "weights"),
         request_timeout_s=config.request_timeout_s or None,
@@ -199,18 +315,14 @@ def teacher_engine(config: EngineConfig) -> tuple[GenerationEngine | None, Token
 def ensure_served(engine: GenerationEngine, model: Any, version: int, *, assume: bool = False) -> str:
     """Makes the policy engine sample from `model` (labelled `version`) before the first phase, fresh or resumed.
 
-    The embedded JaxEngine was built from `model` itself ("embedded"). A client of servers checks them and pushes
-    the weights unless they prove (or, with `assume`, are trusted) to serve them (`SglangClient.ensure_weights`:
-    "verified", "assumed" or "pushed").
+    The engine's `ensure_weights`: the embedded JaxEngine was built from `model` itself ("embedded", the default);
+    a client of servers checks them and pushes the weights unless they prove (or, with `assume`, are trusted) to
+    serve them (`SglangClient.ensure_weights`: "verified", "assumed" or "pushed").
     """
-    ensure = getattr(engine, "ensure_weights", None)
-    if ensure is None:
-        return "embedded"
-    return ensure(model, version, assume=assume)
+    return engine.ensure_weights(model, version, assume=assume)
 
 
-def close_engine(engine: Any) -> None:
-    """Stops an engine that has threads or channels to release (JaxEngine, SglangClient); None is fine."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+def close_engine(engine: GenerationEngine | None) -> None:
+    """Closes an engine (releasing its threads or channels); None is fine."""
+    if engine is not None:
+        engine.close()

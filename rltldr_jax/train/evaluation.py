@@ -314,7 +314,7 @@ def evaluate_checkpoint(
 
     The sampling seeds are those of the trainer's own evaluation after phase `step` (the checkpoint's step), so
     evaluating training checkpoint N repeats the in-training evaluation after phase N (exactly, one task at a
-    time). With engine.kind=grpc|sglang the weights are pushed to the running servers first.
+    time). With engine.kind=jax_grpc|sglang the weights are pushed to the running servers first.
 
     Returns:
       The report: policy, env, split, attempts_per_task, seconds, metrics, per_task successes.
