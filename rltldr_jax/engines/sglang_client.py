@@ -29,7 +29,8 @@ episodes over them:
   RPC as `authorization: Bearer KEY` metadata, and with every HTTP push as that header. The key comes from
   `$RLTLDR_ENGINE_API_KEY` (`sglang_proto.API_KEY_ENV`) unless given: never from the run's config, which is saved
   and logged; the client never logs it.
-- Weight push (`update_weights`): the params are exported as HF safetensors (`save_pretrained`) into
+- Weight push (`update_weights`; the wire protocol and the export are `weight_push.WeightPusher`'s, which servers
+  take part and what follows is this client's): the params are exported as HF safetensors (`save_pretrained`) into
   `{weight_dir}/v{version:06d}` (written under a temporary name and renamed, so a server never reads a
   half-written checkpoint), then on every live server, concurrently: PauseGeneration → update →
   ContinueGeneration. The update is gRPC `UpdateWeightsFromDisk` (`weight_update="grpc"`, with the
@@ -61,10 +62,7 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -73,7 +71,8 @@ import numpy as np
 from flax import nnx
 
 from rltldr_jax.engines import sglang_proto as pb
-from rltldr_jax.engines.engine import GenerationRequest, GenerationResult
+from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, GenerationResult
+from rltldr_jax.engines.weight_push import WeightPusher
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +157,8 @@ def parse_response(response: Any, request_id: str) -> GenerationResult:
     return GenerationResult(request_id, ids, logprobs, kind, version)
 
 
-class SglangClient:
-    """GenerationEngine over SGLang-compatible gRPC servers (implements `GenerationEngine`).
+class SglangClient(GenerationEngine):
+    """GenerationEngine over SGLang-compatible gRPC servers.
 
     Args:
       addresses: "host:port" of each server's gRPC listener.
@@ -212,21 +211,24 @@ class SglangClient:
         if weight_update == "http" and (not http_urls or len(http_urls) != len(addresses)):
             raise ValueError("weight_update='http' needs one http_url per server (SGLang's --port), in the same order")
         self._servers = [_Server(a, (http_urls or [None] * len(addresses))[i]) for i, a in enumerate(addresses)]
-        self.weight_update = weight_update
-        self.weight_dir = os.fspath(weight_dir) if weight_dir is not None else None
-        self.graphdef = graphdef
-        self.export_dtype = export_dtype
-        self.pause_mode = pause_mode
         self.request_timeout_s = request_timeout_s or None
         self.health_interval_s = float(health_interval_s)
         self.health_timeout_s = float(health_timeout_s)
         self.no_server_wait_s = float(no_server_wait_s)
         self._api_key = api_key if api_key is not None else (os.environ.get(pb.API_KEY_ENV) or None)
+        # What a push does on the wire (export, pause → update → continue on one server); this class decides where.
+        self.pusher = WeightPusher(
+            weight_update=weight_update,
+            weight_dir=weight_dir,
+            graphdef=graphdef,
+            export_dtype=export_dtype,
+            pause_mode=pause_mode,
+            keep_exports=keep_exports,
+            api_key=self._api_key,
+        )
         self.max_attempts = max_attempts
         self.max_aborts = max_aborts
-        self.keep_exports = keep_exports
         self._version = int(weight_version)
-        self._exports: list[str] = []
         # What serving the current version means, for a server that returns to rotation: the weights fingerprint
         # per server param dtype (None: the trainer's own), and the checkpoint directory to push to it otherwise.
         self._fingerprints: dict[str | None, str] = {}
@@ -253,6 +255,16 @@ class SglangClient:
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def weight_update(self) -> Literal["grpc", "http"]:
+        """How servers load pushed weights: "grpc" (launch/serve.py) or "http" (SGLang)."""
+        return self.pusher.weight_update
+
+    @property
+    def weight_dir(self) -> str | None:
+        """The directory shared with the servers for weight pushes."""
+        return self.pusher.weight_dir
 
     @property
     def live_servers(self) -> list[str]:
@@ -282,34 +294,13 @@ class SglangClient:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Exports `params` (a model, or an nnx.State with `graphdef`) and pushes them to every live server."""
-        from rltldr_jax.models.hf import save_pretrained
-
-        if self.weight_dir is None:
-            raise ValueError(
-                "update_weights needs weight_dir: a directory every server can read (engine.weight_sync_dir)"
-            )
-        if isinstance(params, nnx.Module):
-            model = params
-        elif self.graphdef is not None:
-            model = nnx.merge(self.graphdef, params)
-        else:
-            raise ValueError(
-                "update_weights got an nnx.State but the client has no graphdef; pass graphdef= or the model"
-            )
-        path = os.path.join(self.weight_dir, f"v{int(version):06d}")
-        tmp = path + ".partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_pretrained(model, tmp, dtype=self.export_dtype)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
+        path = self.pusher.export(params, version)
         try:
             self.push_weights(path, version)
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)  # no server uses it
+            self.pusher.discard(path)  # no server uses it
             raise
-        self._exports.append(path)
-        while len(self._exports) > self.keep_exports:
-            shutil.rmtree(self._exports.pop(0), ignore_errors=True)
+        self.pusher.retain(path)
 
     def ensure_weights(self, model: nnx.Module, version: int, *, assume: bool = False) -> str:
         """Makes every live server serve `model` as `version` before the first phase (fresh or resumed run).
@@ -397,12 +388,6 @@ class SglangClient:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
-
-    def __enter__(self) -> SglangClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- internals (run on the client's loop) -------------------------------------------------------------
 
@@ -737,66 +722,17 @@ class SglangClient:
             log.info("pushed %s as version %d to %d servers", model_path, version, len(self.live_servers))
 
     async def _push_one(self, server: _Server, model_path: str, version: int) -> dict[str, Any] | None:
-        """pause → update → continue on one server; continue is always attempted, and a server that cannot be
-        continued leaves the rotation (a paused server would pass health checks but never answer). Returns the
-        server's `GetModelInfo` after a gRPC update (None over HTTP)."""
-        error: BaseException | None = None
-        info = None
-        try:
-            await server.stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=600.0)
-            if self.weight_update == "grpc":
-                response = await server.stub.UpdateWeightsFromDisk(
-                    pb.UpdateWeightsRequest(model_path=model_path, weight_version=str(version)), timeout=3600.0
-                )
-                if not response.success:
-                    raise RuntimeError(f"update refused: {response.message}")
-                info = await self._model_info(server)
-                if str(info.get("weight_version", version)) != str(version):
-                    raise RuntimeError(
-                        f"the server reports weight_version {info.get('weight_version')!r} "
-                        f"after loading version {version}: "
-                        "it ignores the gRPC weight_version field (SGLang does); "
-                        "use weight_update='http' with its HTTP URLs"
-                    )
-            else:
-                body = {"model_path": model_path, "weight_version": str(version), "flush_cache": True}
-                ok, message = await asyncio.to_thread(
-                    _post_json, f"{server.http_url}/update_weights_from_disk", body, api_key=self._api_key
-                )
-                if not ok:
-                    raise RuntimeError(f"update refused: {message}")
-        except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
-            error = e
-        for attempt in range(3):
-            try:
-                await server.stub.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=60.0)
-                break
-            except grpc.aio.AioRpcError as e:
-                if attempt == 2:
-                    self._take_out(server, f"it could not be continued after a push: {e.code().name}")
-                    error = error or e
-        if error is not None:
-            raise error
-        return info
+        """`WeightPusher.push_one` on one server (pause → update → continue); a server that cannot be continued
+        leaves the rotation. Returns the server's `GetModelInfo` after a gRPC update (None over HTTP)."""
+        return await self.pusher.push_one(
+            server.stub,
+            server.http_url,
+            model_path,
+            version,
+            lambda: self._model_info(server),
+            lambda reason: self._take_out(server, reason),
+        )
 
 
 class _Unfinished(Exception):
     """A Generate stream that ended without a finished response."""
-
-
-def _post_json(
-    url: str, body: dict[str, Any], timeout_s: float = 3600.0, *, api_key: str | None = None
-) -> tuple[bool, str]:
-    """POSTs JSON (with `Authorization: Bearer KEY` given a key); returns SGLang's (success, message)."""
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            reply = json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return False, f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}"
-    except urllib.error.URLError as e:
-        raise ConnectionError(f"{url}: {e.reason}") from None
-    return bool(reply.get("success", False)), str(reply.get("message", reply))
