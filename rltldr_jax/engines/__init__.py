@@ -1,4 +1,5 @@
-"""Generation engines behind one protocol: the embedded JaxEngine and the SGLang gRPC client."""
+"""Generation engines behind one base class, `GenerationEngine`: the embedded JaxEngine, the SGLang gRPC client, and
+any backend registered with `engines.factory.register_engine` (chosen by `engine.kind`)."""
 
 from rltldr_jax.engines.engine import (
     FinishReason,
