@@ -34,8 +34,6 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, GenerationResult
-
 AXES = ("data", "fsdp", "tensor")
 T = TypeVar("T")
 
@@ -480,27 +478,3 @@ def host_local(tree: T) -> T:
         return jax.device_put(whole.addressable_data(0), device)
 
     return jax.tree.map(one, tree)
-
-
-class OnMainProcess(GenerationEngine):
-    """Stands in, on processes other than 0, for a generation engine that only process 0 holds (the collector and
-    the evaluation run there; see the rules above). Weight pushes, `ensure_weights` and `close` do nothing (the
-    defaults of `GenerationEngine`); generating, and any member a backend adds, raises."""
-
-    def __init__(self, what: str):
-        self.what = what
-
-    def _elsewhere(self) -> AttributeError:
-        return AttributeError(
-            f"{self.what} lives on process 0 of this multi-process job (process {jax.process_index()} has none): "
-            "generate inside sharding.from_main_process(...)"
-        )
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        raise self._elsewhere()
-
-    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        raise self._elsewhere()
-
-    def __getattr__(self, name: str) -> Any:
-        raise self._elsewhere()

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from rltldr_jax import sharding
+from rltldr_jax.engines.engine import OnMainProcess
 from rltldr_jax.models import ModelSpec, get_preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,7 +142,7 @@ def test_single_process_helpers_are_identities(monkeypatch):
 
 
 def test_the_engine_stand_in_of_other_processes():
-    engine = sharding.OnMainProcess("the policy engine")
+    engine = OnMainProcess("the policy engine")
     engine.update_weights({"w": 1}, 3)  # process 0 pushes; here nothing happens
     engine.close()
     assert engine.ensure_weights(None, 3) == "embedded"  # nothing to check here: process 0 checks its engine

@@ -171,3 +171,29 @@ class GenerationEngine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class OnMainProcess(GenerationEngine):
+    """Stands in, on processes other than 0, for a generation engine that only process 0 holds (the collector and
+    the evaluation run there: the multi-host rules of `rltldr_jax.sharding`). Weight pushes, `ensure_weights` and
+    `close` do nothing (the defaults of `GenerationEngine`); generating, and any member a backend adds, raises."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def _elsewhere(self) -> AttributeError:
+        import jax  # (this module stays free of JAX: backends and configs import it)
+
+        return AttributeError(
+            f"{self.what} lives on process 0 of this multi-process job (process {jax.process_index()} has none): "
+            "generate inside sharding.from_main_process(...)"
+        )
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        raise self._elsewhere()
+
+    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        raise self._elsewhere()
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._elsewhere()

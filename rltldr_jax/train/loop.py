@@ -63,10 +63,11 @@ from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
+from rltldr_jax.engines.engine import OnMainProcess
 from rltldr_jax.engines.factory import EngineConfig, close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
-from rltldr_jax.sharding import MeshConfig, OnMainProcess, from_main_process, gather_objects, is_main_process
+from rltldr_jax.sharding import MeshConfig, from_main_process, gather_objects, is_main_process
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import Example, ExampleConfig, length_buckets, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
