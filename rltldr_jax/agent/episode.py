@@ -30,6 +30,7 @@ from rltldr_jax.agent.generation import generate_two_phase, shorten
 from rltldr_jax.agent.insight import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, StepResult, Task, Verdict
+from rltldr_jax.envs.spec import API_PROMPT, CODING_PROMPT, PLAN_PROMPT, get_spec
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 
 log = logging.getLogger(__name__)
@@ -38,27 +39,14 @@ EndReason = Literal["completed", "max_steps", "malformed", "context_full"]
 
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# The first user message: the environment's goal with the instructions for acting. The paper's system/task prompt
-# is not published (App. A shows only the writer prompt); these are written for our environments.
-TASK_PROMPTS = {
-    "api": (
-        "You are an agent that completes tasks for a user by writing Python code that calls the apps' APIs.\n"
-        "Each of your turns must contain exactly one Python code block (```python ... ```); it runs in a persistent "
-        "Python session where `apis` is defined, and you will see its output. Explore the APIs with "
-        "`apis.api_docs.show_app_descriptions()`, `apis.api_docs.show_api_descriptions(app_name=...)` and "
-        "`apis.api_docs.show_api_doc(app_name=..., api_name=...)`. Your account credentials are available through "
-        "`apis.supervisor`. When the task is done, call `apis.supervisor.complete_task()` (with `answer=...` only if "
-        "the task asks a question).\n\nTask: {goal}"
-    ),
-    "coding": "{goal}\n\nAnswer with your complete solution in one Python code block (```python ... ```).",
-    "plan": "{goal}\nWrite the plan as one Python code block.",
-}
-ENV_PROMPT = {"sapi": "api", "appworld": "api", "leetcode": "coding", "craft": "plan"}
+# The first user message of an attempt is its environment's `EnvSpec.task_prompt` (envs/spec.py); these are the
+# built-in templates by kind.
+TASK_PROMPTS = {"api": API_PROMPT, "coding": CODING_PROMPT, "plan": PLAN_PROMPT}
 
 
 def task_text(task: Task) -> str:
-    """The first user message of every attempt at `task`."""
-    return TASK_PROMPTS[ENV_PROMPT.get(task.env, "api")].format(goal=task.goal)
+    """The first user message of every attempt at `task`: its environment's task prompt with the task's goal."""
+    return get_spec(task.env).task_prompt.format(goal=task.goal)
 
 
 def extract_code(action: str) -> str | None:

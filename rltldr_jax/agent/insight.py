@@ -44,6 +44,8 @@ from rltldr_jax.agent.generation import generate_two_phase, shorten
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Task
 from rltldr_jax.envs.registry import uninformative_insight
+from rltldr_jax.envs.reports import ASSERT, clip, sentence
+from rltldr_jax.envs.spec import BUILTIN, get_spec
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer
 
 SOURCES = ("policy", "teacher", "rule", "uninformative")
@@ -226,10 +228,10 @@ def render_writer_prompt(
 ) -> str:
     """The text of the writer's single user message (Prompt 1), for `failed`.
 
-    The verifier's report is included exactly when `show_failed_tests`; the LeetCode variant is used for
-    `task.env == "leetcode"`.
+    The verifier's report is included exactly when `show_failed_tests`; the variant (device or coding) is the
+    environment's `EnvSpec.writer_prompt`.
     """
-    coding = failed.task.env == "leetcode"
+    coding = get_spec(failed.task.env).writer_prompt == "coding"
     intro, parts = (_CODING_INTRO, _CODING_PARTS) if coding else (_DEVICE_INTRO, _DEVICE_PARTS)
     rollout = _render_rollout(failed.steps, max_observation_chars, max_rollout_chars)
     if show_failed_tests:
@@ -434,94 +436,6 @@ def insight_from_fields(fields: Mapping[str, Any], content: str) -> tuple[str | 
 # The rule-based insight (source = "rule")
 # ----------------------------------------------------------------------------------------------------
 
-_LC_TEST = re.compile(r"^Test (\d+) \(([^)]*)\):?\s*$")
-_ASSERT = re.compile(r"^\s*assert\s+", re.IGNORECASE)
-
-
-def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
-def _appworld_failure(lines: list[str]) -> str | None:
-    """The first `>> Failed Requirement` block as a sentence (SAPI and AppWorld reports)."""
-    for k, line in enumerate(lines):
-        if line.strip() != ">> Failed Requirement":
-            continue
-        body = []
-        for nxt in lines[k + 1 :]:
-            if nxt.startswith((">>", "─")):
-                break
-            body.append(nxt)
-        requirement = next((b.strip() for b in body if b.strip()), "")
-        if not requirement:
-            return None
-        requirement = _ASSERT.sub("", requirement).rstrip(" .")
-        # SAPI writes "AssertionError: got <the agent's values>"; AppWorld's own traces can show ground truth, so
-        # only the "got" form is quoted.
-        got_lines: list[str] = []
-        for j, b in enumerate(body):
-            if b.startswith("AssertionError: got "):
-                got_lines = [b[len("AssertionError: got ") :]]
-                got_lines += [x for x in body[j + 1 :] if x.strip()]
-                break
-        sentence = f"Make sure that {requirement}"
-        got = _clip("; ".join(x.strip() for x in got_lines if x.strip()))
-        if got:
-            sentence += f" (this attempt had {got})"
-        return _sentence(sentence)
-    return None
-
-
-def _leetcode_failure(lines: list[str]) -> str | None:
-    """The first `Test i (status):` block of a LeetCode report as a sentence (never the expected output)."""
-    for k, line in enumerate(lines):
-        match = _LC_TEST.match(line.strip())
-        if not match:
-            continue
-        status = match.group(2)
-        details: dict[str, str] = {}
-        for nxt in lines[k + 1 :]:
-            if not nxt.startswith("  "):
-                break
-            key, _, value = nxt.strip().partition(": ")
-            details.setdefault(key, value)
-        test_input = details.get("input", "")
-        if _ASSERT.match(test_input):  # HumanEval-style "assert candidate(x) == expected": keep the call only
-            test_input = _ASSERT.sub("", test_input).rpartition(" == ")[0] or _ASSERT.sub("", test_input)
-        where = f" for input {_clip(test_input, 120)}" if test_input else ""
-        if status == "wrong answer":
-            got = f" (it returned {_clip(details['got'], 80)})" if details.get("got") else ""
-            return _sentence(f"Make sure your solution returns the correct result{where}{got}")
-        if status == "error":
-            error = f" (it raised {_clip(details['error'], 120)})" if details.get("error") else ""
-            return _sentence(f"Make sure your solution runs without errors{where}{error}")
-        if status.startswith("time limit"):
-            return _sentence(f"Make sure your solution is fast enough{where}; it exceeded the time limit")
-        if status.startswith("not run"):
-            return "Make sure your solution is fast enough: the time limit ran out before all tests ran."
-        return _sentence(f"Make sure your solution passes test {match.group(1)}{where} ({status})")
-    first = lines[0].strip() if lines else ""
-    if first.startswith("Failed before any test ran:"):
-        why = _clip(first[len("Failed before any test ran:") :])
-        return _sentence(
-            "Make sure your code defines what the tests call and runs without errors "
-            f"(it failed before any test ran: {why})"
-        )
-    if first == "Failed: no code was run.":
-        return "Make sure to write your solution as a Python code block so that it runs."
-    if first.startswith("Failed: the tests did not finish"):
-        return "Make sure your solution finishes within the time and memory limits; the tests did not finish."
-    if first.startswith("Failed:"):
-        return _sentence(f"Make sure the tests can run: {_clip(first[len('Failed:') :].rstrip(' .'))}")
-    return None
-
-
 _API_CALL = re.compile(r"\bapis\.(\w+)\.(\w+)\s*\(")
 _ANY_FENCE = re.compile(r"```")
 
@@ -538,37 +452,40 @@ def rule_fields(failed: FailedAttempt) -> dict[str, Any]:
     )
     outcome = "the verifier accepted it" if failed.success else "the verifier rejected it"
     summary = f"Attempt {failed.attempt} took {n} step{'s' if n != 1 else ''} and {did}; {outcome}."
-    failures = [line.strip(" -─=>") for line in failed.report.splitlines() if _ASSERT.match(line.strip(" -─=>"))]
+    failures = [line.strip(" -─=>") for line in failed.report.splitlines() if ASSERT.match(line.strip(" -─=>"))]
     if failed.success:
         feedback = "Every requirement passed."
     elif failures:
         feedback = (
             f"The verifier found {len(failures)} failed requirement{'s' if len(failures) != 1 else ''}: "
-            + "; ".join(_clip(f) for f in failures[:5])
+            + "; ".join(clip(f) for f in failures[:5])
             + ("; …" if len(failures) > 5 else "")
             + "."
         )
     else:
-        feedback = rule_insight(failed.report)
-    hint = "" if failed.success else rule_insight(failed.report)
+        feedback = rule_insight(failed.report, failed.task.env)
+    hint = "" if failed.success else rule_insight(failed.report, failed.task.env)
     return {"summary": summary, "feedback": feedback, "wrong_step_id": 0, "corrected_step": "", "hint": hint}
 
 
-def rule_insight(report: str) -> str:
+def rule_insight(report: str, env: str | None = None) -> str:
     """A one-sentence insight from the verifier's report by rule (no model): its first failed requirement.
 
-    AppWorld/SAPI reports: "assert X" becomes "Make sure that X", with the agent's value when the report gives it
-    as "AssertionError: got …". LeetCode reports: the first failed test's input and what the code returned or
-    raised (never the expected output). Anything else: the report's first informative line.
+    The environment's `EnvSpec.rule_failure` reads its report (AppWorld/SAPI/crafting reports: "assert X" becomes
+    "Make sure that X", with the agent's value when the report gives it as "AssertionError: got …"; LeetCode
+    reports: the first failed test's input and what the code returned or raised, never the expected output).
+    `env=None` tries each built-in environment's reader in turn. Anything else: the report's first informative line.
     """
+    readers = [get_spec(env).rule_failure] if env is not None else [get_spec(name).rule_failure for name in BUILTIN]
+    for read in readers:
+        found = read(report) if read is not None else None
+        if found:
+            return found
     lines = report.splitlines()
-    sentence = _appworld_failure(lines) or _leetcode_failure(lines)
-    if sentence:
-        return sentence
     for line in lines:
         text = line.strip(" -─=>")
         if text and not text.lower().startswith(("num ", "overall stats", "passes", "fails", "none")):
-            return _sentence(f"Make sure the verifier's check passes: {_clip(text)}")
+            return sentence(f"Make sure the verifier's check passes: {clip(text)}")
     return "Make sure the attempt fully completes the task as asked."
 
 

@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from rltldr_jax.envs.base import StepResult, Task, Verdict
+from rltldr_jax.envs.reports import requirement_failure
+from rltldr_jax.envs.sandbox import SandboxLimits
+from rltldr_jax.envs.spec import API_PROMPT, EnvSpec, register, source_fingerprint
 
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
 DEFAULT_VENV = Path.home() / ".venvs" / "appworld"
@@ -437,3 +440,26 @@ class AppWorldEnv:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Our split names → AppWorld's (the paper trains on train+dev+test_normal filtered to hard tasks, §4.1, and
+# evaluates on test_challenge).
+OUR_SPLITS = {"train": "train+dev+test_normal", "eval": "test_challenge"}
+
+
+def _make_env(limits: SandboxLimits) -> AppWorldEnv:
+    return AppWorldEnv(init_kwargs={"timeout_seconds": int(limits.wall_s)})
+
+
+#: AppWorld (§4.1): an agent acting through the apps' APIs; the AppWorld package is imported only by its server.
+SPEC = register(
+    EnvSpec(
+        name="appworld",
+        load_tasks=lambda split, seed: load_tasks(OUR_SPLITS.get(split, split).split("+")),  # fixed data
+        make_env=_make_env,
+        task_prompt=API_PROMPT,
+        writer_prompt="device",
+        rule_failure=requirement_failure,
+        world_fingerprint=lambda: source_fingerprint(__name__),
+    )
+)

@@ -46,12 +46,15 @@ import collections
 import dataclasses
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rltldr_jax.envs.base import StepResult, Task, Verdict
+from rltldr_jax.envs.reports import requirement_failure
+from rltldr_jax.envs.sandbox import SandboxLimits
+from rltldr_jax.envs.spec import PLAN_PROMPT, EnvSpec, PretrainExample, register
 
 ENV = "craft"
 
@@ -500,3 +503,51 @@ def world_description() -> dict[str, Any]:
         "hidden_rules": dict(HIDDEN_RULES),
         "heldout_targets": list(HELDOUT_TARGETS),
     }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The environment's spec
+# ----------------------------------------------------------------------------------------------------
+
+
+def _demonstrations(
+    *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
+) -> Callable[[np.random.Generator], PretrainExample]:
+    def draw(rng: np.random.Generator) -> PretrainExample:
+        demo = demonstration(rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
+        return demo.task, demo.insights, plan_code(demo.plan), demo.statements
+
+    return draw
+
+
+def _fingerprint() -> str:
+    """A hash of every split's tasks and of a fixed sample of demonstrations (with and without statements)."""
+    h = hashlib.sha256()
+    for split in SPLITS:
+        h.update("".join(t.to_json() for t in generate_tasks(split)).encode())
+    rng = np.random.default_rng(0)
+    for statement_prob in (0.0, 0.5):
+        for _ in range(300):
+            h.update(repr(demonstration(rng, statement_prob=statement_prob)).encode())
+    return h.hexdigest()[:12]
+
+
+def _make_env(limits: SandboxLimits) -> CraftEnv:
+    return CraftEnv()  # plans are parsed, never executed: no sandbox
+
+
+#: The small-scale replication's world: plans are parsed, never executed; it alone has pretraining demonstrations
+#: and the uninformative control insights.
+SPEC = register(
+    EnvSpec(
+        name="craft",
+        load_tasks=lambda split, seed: generate_tasks(split, seed=seed),
+        make_env=_make_env,
+        task_prompt=PLAN_PROMPT,
+        writer_prompt="device",
+        rule_failure=requirement_failure,
+        demonstrations=_demonstrations,
+        uninformative_insight=uninformative_insight,
+        world_fingerprint=_fingerprint,
+    )
+)

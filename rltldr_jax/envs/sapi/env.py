@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import StepResult, Task, Verdict
+from ..reports import requirement_failure
 from ..sandbox import Sandbox, SandboxLimits
-from .tasks import make_world, verify
+from ..spec import API_PROMPT, EnvSpec, register, source_fingerprint
+from .tasks import generate_tasks, make_world, verify
 from .templates import Template
 from .world import CallRecord, World
 
@@ -62,3 +64,17 @@ class SapiEnv:
         if self._sandbox is not None:
             self._sandbox.close()
             self._sandbox = None
+
+
+#: The SAPI-like world: AppWorld-style apps and tasks generated per seed (the fingerprint is the generator's source).
+SPEC = register(
+    EnvSpec(
+        name="sapi",
+        load_tasks=lambda split, seed: generate_tasks(split, seed=seed),
+        make_env=SapiEnv,
+        task_prompt=API_PROMPT,
+        writer_prompt="device",
+        rule_failure=requirement_failure,
+        world_fingerprint=lambda: source_fingerprint("rltldr_jax.envs.sapi.tasks"),
+    )
+)
