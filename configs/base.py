@@ -27,7 +27,8 @@ from rltldr_jax.compile_cache import default_cache_dir
 from rltldr_jax.engines.engine import top_k_error
 from rltldr_jax.engines.factory import engine_kind_error
 from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES, decode_group_error
-from rltldr_jax.envs.registry import ENV_NAMES, uninformative_insight
+from rltldr_jax.envs.registry import uninformative_insight
+from rltldr_jax.envs.spec import env_name_error
 from rltldr_jax.models.presets import PRESETS
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, WRITER_SFT_FILTERS, length_buckets_error
@@ -67,7 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- Environment ---------------------------------------------------------------------------------
     c.env = ml_collections.ConfigDict()
-    c.env.name = "sapi"  # sapi | appworld | leetcode | craft (the small-scale replication's world)
+    c.env.name = (
+        "sapi"  # sapi | appworld | leetcode | craft (the small-scale replication's world) | package.module:SPEC
+    )
     c.env.train_split = "train"  # task split trained on (the paper uses Pass@128 = 0 "hard" splits, §4.1)
     c.env.eval_split = "eval"  # held-out split for evaluation
     c.env.seed = 0  # seed of the task generator (SAPI-like world) and of the task order
@@ -338,7 +341,6 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "model.preset": MODEL_PRESETS,
     "model.dtype": ("bfloat16", "float32"),
     "model.param_dtype": ("bfloat16", "float32"),
-    "env.name": ENV_NAMES,
     "insight.schedule": POLICIES,
     "insight.after": INSIGHT_AFTER,
     "insight.source": SOURCES,
@@ -529,6 +531,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     # engine.kind follows the engine registry (a package.module:name value imports the module that registers it).
     if problem := engine_kind_error(config.engine.kind):
         errors.append(problem)
+    # env.name: a built-in environment or package.module:SPEC (an EnvSpec defined elsewhere): envs/spec.py checks it
+    if (env_error := env_name_error(get(config, "env.name"))) is not None:
+        errors.append(env_error)
     for key, spec in RANGES.items():
         value = get(config, key)
         if key in nonfinite:

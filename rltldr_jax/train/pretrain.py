@@ -42,6 +42,7 @@ import optax
 
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
+from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
@@ -84,7 +85,8 @@ def pretrain_key(config: ml_collections.ConfigDict) -> str:
 def pretrained_dir(config: ml_collections.ConfigDict) -> str:
     """Where the pretrained checkpoint of `config` lives: {cache_dir}/{env}-{preset}-s{seed}-{hash}."""
     cache = config.pretrain.cache_dir or os.path.join("runs", "pretrained")
-    name = f"{config.env.name}-{config.model.preset}-s{config.seed}-{pretrain_key(config)}"
+    env = get_spec(config.env.name).name  # (an import path's ':' never in a file name)
+    name = f"{env}-{config.model.preset}-s{config.seed}-{pretrain_key(config)}"
     return os.path.abspath(os.path.join(cache, name))
 
 

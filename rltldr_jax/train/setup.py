@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rltldr_jax import sharding
 from rltldr_jax.envs import Env, make_env
+from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
@@ -30,7 +31,8 @@ from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
 def workdir_of(config: ml_collections.ConfigDict) -> str:
     """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}; absolute
     (a relative one is taken against the current directory, as the launchers' config resolution does)."""
-    return os.path.abspath(config.workdir or os.path.join("runs", f"{config.env.name}-{config.name}"))
+    env = config.env.name if ":" not in config.env.name else get_spec(config.env.name).name  # (not a path's ':')
+    return os.path.abspath(config.workdir or os.path.join("runs", f"{env}-{config.name}"))
 
 
 def policy_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
