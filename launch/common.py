@@ -86,7 +86,12 @@ def quiet_logging() -> None:
         package.propagate = False  # not again through absl's handler on the root logger
 
 
-_CONFIG_FILES = "configs/sapi.py, configs/appworld.py, configs/leetcode.py"
+# Every config file with a get_config (an environment's or the replication's): not base.py, ablations.py.
+_CONFIG_FILES = ", ".join(
+    f"configs/{f}"
+    for f in sorted(os.listdir(os.path.join(REPO_ROOT, "configs")))
+    if f.endswith(".py") and f not in ("__init__.py", "base.py", "ablations.py")
+)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
