@@ -3,6 +3,10 @@ one phase through the real Trainer, and the one-line errors of a bad `package.mo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from helpers import tiny_config, tiny_run_config
 
@@ -17,6 +21,7 @@ from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.setup import workdir_of
 
 PATH = "examples.my_env:SPEC"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_an_external_spec_resolves_registers_and_serves_its_tasks():
@@ -82,6 +87,7 @@ def test_one_phase_of_training_in_the_external_environment(tmp_path):
     assert len(records) == 2 and [r.attempt.index for r in records] == [1, 2]
     assert {r.attempt.task.env for r in records} == {"echo_words"}
     assert {r.attempt.task.task_id for r in records} <= {f"echo_words/{w}" for w in my_env.WORDS["train"]}
+    assert metrics["rollout/counts/attempts"] == 2.0 and metrics["rollout/counts/tasks"] == 1.0
     assert metrics["rollout/pass@1/all"] == 0.0  # a random tiny policy prints no word
     first = records[0]
     insight = first.writer_output["insight"]
@@ -94,3 +100,21 @@ def test_one_phase_of_training_in_the_external_environment(tmp_path):
     assert "Write one Python code block" in trainer.builder.tokenizer.decode(trainer.builder.build(goal, ()).ids)
     writer_prompt = render_writer_prompt(first.attempt.failed_attempt(trainer.builder))
     assert first.attempt.verdict.report.strip() in writer_prompt
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "shown"),
+    [
+        (PATH, 0, "name: examples.my_env:SPEC"),
+        ("examples.my_env:NOPE", 1, "module 'examples.my_env' has no attribute 'NOPE'; give env.name as"),
+    ],
+)
+def test_the_launcher_takes_an_import_path(name, code, shown):
+    r = subprocess.run(
+        [sys.executable, "launch/train.py", "--config=configs/sapi.py:tiny", f"--config.env.name={name}", "--dry_run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == code and shown in (r.stdout if code == 0 else r.stderr) and "Traceback" not in r.stderr
