@@ -3,9 +3,11 @@ one phase through the real Trainer, and the one-line errors of a bad `package.mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from helpers import tiny_config, tiny_run_config
@@ -66,11 +68,10 @@ def test_a_bad_env_name_is_one_line_naming_the_problem_and_the_fix(name, problem
     assert [line for line in str(info.value).splitlines() if problem in line] == [f"  - {error}"]
 
 
-def test_a_spec_name_may_not_take_a_builtin_name(tmp_path, monkeypatch):
-    (tmp_path / "fake_sapi.py").write_text(
-        "from examples.my_env import SPEC as _S\nimport dataclasses\nSPEC = dataclasses.replace(_S, name='sapi')\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_a_spec_name_may_not_take_a_builtin_name(monkeypatch):
+    fake = types.ModuleType("fake_sapi")
+    fake.SPEC = dataclasses.replace(my_env.SPEC, name="sapi")
+    monkeypatch.setitem(sys.modules, "fake_sapi", fake)  # importable, as if installed
     error = env_name_error("fake_sapi:SPEC")
     assert error is not None and "the name of a built-in environment; rename it" in error
 

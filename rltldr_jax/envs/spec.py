@@ -168,7 +168,7 @@ def get_spec(name: str) -> EnvSpec:
         return _SPECS[name]
     raise ValueError(
         f"unknown environment {name!r}; choose one of {', '.join(BUILTIN)} (config.env.name), or give "
-        "package.module:SPEC of an EnvSpec defined elsewhere"
+        "package.module:SPEC of an EnvSpec defined elsewhere (resolving it registers its name for its tasks)"
     )
 
 
