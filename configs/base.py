@@ -29,6 +29,7 @@ from rltldr_jax.engines.factory import engine_kind_error
 from rltldr_jax.engines.jax_engine import WEIGHTS_DTYPES, decode_group_error
 from rltldr_jax.envs.registry import uninformative_insight
 from rltldr_jax.envs.spec import env_name_error
+from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, terms_error
 from rltldr_jax.models.presets import PRESETS
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import INSIGHT_ROLLOUTS, WRITER_SFT_FILTERS, length_buckets_error
@@ -155,6 +156,16 @@ def get_config() -> ml_collections.ConfigDict:
     # insight-writer's context. Weight 0 = off.
     c.loss.writer_sft_coef = 0.0
     c.loss.writer_sft_filter = "all"  # all | next_success (only insights after which the next attempt succeeded)
+    # The terms the loss sums (§3), comma-separated names of rltldr_jax/loss_terms.py's registry: each is
+    # coef * (sum over its mask's tokens) / (its token count over the whole update batch). Built in: grpo
+    # (coefficient loss.grpo_coef), insight_sft (loss.lam), writer_sft (loss.writer_sft_coef). A term registered
+    # from outside the package (examples/entropy_bonus.py) adds its coefficient key here with its default value,
+    # when the module that registers it is imported before this config is built.
+    c.loss.terms = ",".join(DEFAULT_TERMS)
+    for term in LOSS_TERMS.values():
+        for key, default in ((term.coef, term.default_coef), *((k, 0.0) for k in term.params)):
+            if key not in c.loss:
+                c.loss[key] = float(default)
 
     # --- Optimizer (A.4, Table 4) ----------------------------------------------------------------------
     # Update = clip (grad_clip_norm) -> rule (name) scaled by lr(t), t = optimizer steps taken (skipped non-finite
@@ -446,6 +457,25 @@ def _describe(spec: tuple[float | None, float | None, bool, bool]) -> str:
     return f"{left}, {right}"
 
 
+def _loss_terms_errors(c: ml_collections.ConfigDict) -> list[str]:
+    """What is wrong with `loss.terms` and its coefficients: an unregistered term, a missing coefficient key, or every
+    coefficient 0 in an RL run."""
+    problem = terms_error(c.loss.terms)
+    if problem:
+        return [problem]
+    coefs = [LOSS_TERMS[name.strip()].coef for name in c.loss.terms.split(",") if name.strip()]
+    missing = [key for key in coefs if key not in c.loss]
+    if missing:
+        return [
+            f"loss.terms={c.loss.terms!r} needs the key(s) {', '.join('loss.' + k for k in missing)}: import the "
+            "module that registers the term before building the config"
+        ]
+    if c.mode == "rl" and all(c.loss[key] == 0 for key in coefs):
+        names = ", ".join(f"loss.{key}" for key in coefs)
+        return [f"the coefficients of every term of loss.terms ({names}) are 0: nothing would be trained"]
+    return []
+
+
 def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     """Combinations that are individually valid but inconsistent."""
     errors = []
@@ -454,8 +484,7 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             f"rollout.group_size={c.rollout.group_size}: nothing can be learned from one attempt per task (its GRPO "
             "advantage is 0, and insights only reach later attempts of the same task); use rollout.group_size >= 2"
         )
-    if c.loss.lam == 0 and c.loss.grpo_coef == 0 and c.loss.writer_sft_coef == 0 and c.mode == "rl":
-        errors.append("loss.lam, loss.grpo_coef and loss.writer_sft_coef are all 0: nothing would be trained")
+    errors += _loss_terms_errors(c)
     if c.rollout.thinking and c.rollout.max_think_tokens == 0:
         errors.append("rollout.thinking=True needs rollout.max_think_tokens > 0 (or set rollout.thinking=False)")
     if c.insight.first_k_max_successes > c.insight.first_k:

@@ -26,7 +26,7 @@ insight writer's own context (A.1 prompt with the failed rollout and report), π
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ from rltldr_jax.agent.insight import WriterOutput
 from rltldr_jax.envs.base import Task
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
-from rltldr_jax.train.step import TrainBatch
+from rltldr_jax.train.step import BASE_MASKS, TrainBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,8 @@ class Example:
     """One step of one attempt (or one writer context), ready for the loss. Arrays are [T].
 
     `writer_mask` marks insight-generator SFT targets (None: none); `detach_ratio` trains the action tokens
-    without importance ratio (RLTF-SD); `step` is -1 for SFT-only prefix and writer examples.
+    without importance ratio (RLTF-SD); `step` is -1 for SFT-only prefix and writer examples. `extra_masks` holds the
+    [T] masks of registered loss terms beyond the built-in three, by `TrainBatch.masks` name (`loss_terms`).
     """
 
     ids: np.ndarray
@@ -59,9 +60,24 @@ class Example:
     step: int
     writer_mask: np.ndarray | None = None
     detach_ratio: bool = False
+    extra_masks: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def masks(self) -> dict[str, np.ndarray]:
+        """Every [T] mask of the example by `TrainBatch.masks` name ("writer" only when it has one)."""
+        masks = {"action": self.action_mask, "insight": self.insight_mask}
+        if self.writer_mask is not None:
+            masks["writer"] = self.writer_mask
+        return {**masks, **self.extra_masks}
+
+
+def _mask_names(examples: Sequence[Example]) -> tuple[str, ...]:
+    """The masks of a batch of `examples`: the built-in three (`BASE_MASKS`, always), then any extra ones, sorted."""
+    extra = sorted({k for e in examples for k in e.extra_masks} - set(BASE_MASKS))
+    return (*BASE_MASKS, *extra)
 
 
 def attempt_examples(
@@ -506,6 +522,7 @@ def pack(
       packed: A = ceil(M × grad_accum_steps / R), M = R, advantages and detach_ratio [A, M, T]).
     """
     per_step = micro_batch_size * grad_accum_steps
+    names = _mask_names(examples)  # every batch has the same masks: one pytree, one compiled step
     batches = []
     for start in range(0, len(examples), per_step):
         chunk = list(examples[start : start + per_step])
@@ -523,7 +540,7 @@ def pack(
                     f"an example has {longest} tokens, more than the packed row length {limit}: add a longer "
                     "bucket to batch.length_buckets or lower rollout.max_context_tokens"
                 )
-            batches.append(_packed_batch(chunk, pack_rows, -(-per_step // pack_rows), limit))
+            batches.append(_packed_batch(chunk, pack_rows, -(-per_step // pack_rows), limit, names))
             continue
         if length_buckets is None:
             t = -(-longest // pad_to_multiple) * pad_to_multiple
@@ -537,22 +554,14 @@ def pack(
             t = min(fits)
         ids = np.zeros((per_step, t), np.int32)
         old = np.zeros((per_step, t), np.float32)
-        action = np.zeros((per_step, t), bool)
-        insight = np.zeros((per_step, t), bool)
-        writer = np.zeros((per_step, t), bool)
+        masks = {name: np.zeros((per_step, t), bool) for name in names}
         detach = np.zeros((per_step,), bool)
         adv = np.zeros((per_step,), np.float32)
         for r, e in enumerate(chunk):
             n = len(e)
-            ids[r, :n], old[r, :n], action[r, :n], insight[r, :n], adv[r] = (
-                e.ids,
-                e.old_logprobs,
-                e.action_mask,
-                e.insight_mask,
-                e.advantage,
-            )
-            if e.writer_mask is not None:
-                writer[r, :n] = e.writer_mask
+            ids[r, :n], old[r, :n], adv[r] = e.ids, e.old_logprobs, e.advantage
+            for name, mask in e.masks.items():
+                masks[name][r, :n] = mask
             detach[r] = e.detach_ratio
         shape = (grad_accum_steps, micro_batch_size)
         batches.append(
@@ -560,18 +569,18 @@ def pack(
                 ids=jnp.asarray(ids.reshape(*shape, t)),
                 old_logprobs=jnp.asarray(old.reshape(*shape, t)),
                 advantages=jnp.asarray(adv.reshape(shape)),
-                action_mask=jnp.asarray(action.reshape(*shape, t)),
-                insight_mask=jnp.asarray(insight.reshape(*shape, t)),
-                writer_mask=jnp.asarray(writer.reshape(*shape, t)),
+                masks={name: jnp.asarray(m.reshape(*shape, t)) for name, m in masks.items()},
                 detach_ratio=jnp.asarray(detach.reshape(shape)),
             )
         )
     return batches
 
 
-def _packed_batch(chunk: Sequence[Example], rows_per_micro: int, micro_batches: int, length: int) -> TrainBatch:
+def _packed_batch(
+    chunk: Sequence[Example], rows_per_micro: int, micro_batches: int, length: int, names: Sequence[str] = BASE_MASKS
+) -> TrainBatch:
     """One optimizer step's examples packed first-fit decreasing into [micro_batches, rows_per_micro, length] rows
-    (`pack`); segment ids 1, 2, ... in each row, 0 on the padding after them."""
+    (`pack`), with the masks `names`; segment ids 1, 2, ... in each row, 0 on the padding after them."""
     n_rows = micro_batches * rows_per_micro
     order = sorted(range(len(chunk)), key=lambda i: -len(chunk[i]))  # stable: ties keep the given order
     used = [0] * n_rows
@@ -583,29 +592,23 @@ def _packed_batch(chunk: Sequence[Example], rows_per_micro: int, micro_batches: 
     shape = (n_rows, length)
     ids, segments = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
     old, adv = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    action, insight, writer, detach = (np.zeros(shape, bool) for _ in range(4))
+    detach = np.zeros(shape, bool)
+    masks = {name: np.zeros(shape, bool) for name in names}
     count = [0] * n_rows
     for i in sorted(place, key=lambda i: place[i]):  # row by row, left to right
         e, (row, at) = chunk[i], place[i]
         count[row] += 1
         span = slice(at, at + len(e))
-        ids[row, span], old[row, span], action[row, span], insight[row, span] = (
-            e.ids,
-            e.old_logprobs,
-            e.action_mask,
-            e.insight_mask,
-        )
-        if e.writer_mask is not None:
-            writer[row, span] = e.writer_mask
+        ids[row, span], old[row, span] = e.ids, e.old_logprobs
+        for name, mask in e.masks.items():
+            masks[name][row, span] = mask
         segments[row, span], adv[row, span], detach[row, span] = count[row], e.advantage, e.detach_ratio
     grid = (micro_batches, rows_per_micro, length)
     return TrainBatch(
         ids=jnp.asarray(ids.reshape(grid)),
         old_logprobs=jnp.asarray(old.reshape(grid)),
         advantages=jnp.asarray(adv.reshape(grid)),
-        action_mask=jnp.asarray(action.reshape(grid)),
-        insight_mask=jnp.asarray(insight.reshape(grid)),
-        writer_mask=jnp.asarray(writer.reshape(grid)),
+        masks={name: jnp.asarray(m.reshape(grid)) for name, m in masks.items()},
         detach_ratio=jnp.asarray(detach.reshape(grid)),
         segments=jnp.asarray(segments.reshape(grid)),
     )

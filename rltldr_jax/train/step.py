@@ -1,9 +1,10 @@
-"""One optimizer step of RLTL;DR: gradient accumulation over micro-batches of L_GRPO + λ·L_SFT.
+"""One optimizer step of RLTL;DR: gradient accumulation over micro-batches of L_GRPO + λ·L_SFT (and any other
+configured term, `loss_terms`).
 
 Pure functions over (graphdef, params, opt_state), so the step can be jitted with explicit shardings and
 AOT-compiled from abstract shapes (benchmarks/plan_memory.py). The loss coefficients (`LossConfig`) are arguments of
 the jitted step, not constants: runs that differ only in λ, the GRPO weight, ε or the writer-SFT weight share one
-compiled program. The token counts of both loss terms are summed
+compiled program. The token counts of the loss terms are summed
 over the *whole* step batch before the first micro-batch, so accumulation and data parallelism give exactly
 the full-batch loss and gradient (see losses.py). A step whose loss or gradient norm is not finite changes nothing
 and says so (`skipped_nonfinite`); `NonFiniteGuard` counts such steps on the host and stops a run after too many in
@@ -12,8 +13,10 @@ a row.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,13 +27,19 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from rltldr_jax.losses import grpo_loss, insight_sft_loss, rltldr_loss, safe_divide
+from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, LossTerm, TermInputs, combine, parse_terms
+from rltldr_jax.losses import safe_divide
 from rltldr_jax.models.qwen3_5 import sequence_logprobs
 
 log = logging.getLogger(__name__)
 
 
-@struct.dataclass
+#: The masks every `TrainBatch` has (`batching.pack`), by the `TrainBatch.masks` key: the loss targets of the built-in
+#: terms (`loss_terms`).
+BASE_MASKS = ("action", "insight", "writer")
+
+
+@struct.dataclass(init=False)
 class TrainBatch:
     """The examples of one optimizer step, as A micro-batches of M rows of T tokens: one example per row, or with
     `segments` several examples packed in a row (`batching.pack`, `batch.pack_rows`).
@@ -38,49 +47,129 @@ class TrainBatch:
     ids: [A, M, T] int32 context + current step ids (right-padded).
     old_logprobs: [A, M, T] float32 logprobs of the sampled tokens under the sampling policy.
     advantages: [A, M] float32 per-example advantage, or [A, M, T] per token (packed rows).
-    action_mask: [A, M, T] bool, GRPO targets (tokens sampled in the example's step).
-    insight_mask: [A, M, T] bool, SFT targets (insight sentences; for the offline SFT baselines, whatever the
-      baseline trains on).
-    writer_mask: [A, M, T] bool, insight-generator SFT targets (the insight in the writer's context, Table 8);
-      None = none.
+    masks: {name: [A, M, T] bool} the loss terms' targets by name (`loss_terms.LossTerm.mask`):
+      "action" the GRPO targets (tokens sampled in the example's step), "insight" the SFT targets (insight sentences;
+      for the offline SFT baselines, whatever the baseline trains on), "writer" the insight-generator SFT targets
+      (the insight in the writer's context, Table 8), and any a registered term reads. A missing mask has no tokens.
     detach_ratio: [A, M] (or [A, M, T], packed rows) bool, examples trained without an importance ratio (RLTF-SD);
       None = none.
     segments: [A, M, T] int32 segment ids of packed rows (`Qwen35.hidden_states`): 1, 2, ... one per example in
       row order, 0 after the last one; None = one example per row.
+
+    The constructor also takes the masks as `action_mask=`, `insight_mask=`, `writer_mask=` (None: absent), and the
+    properties of those names read them back (None when absent).
     """
 
     ids: jax.Array
     old_logprobs: jax.Array
     advantages: jax.Array
-    action_mask: jax.Array
-    insight_mask: jax.Array
-    writer_mask: jax.Array | None = None
+    masks: dict[str, jax.Array]
     detach_ratio: jax.Array | None = None
     segments: jax.Array | None = None
+
+    def __init__(
+        self,
+        ids: jax.Array,
+        old_logprobs: jax.Array,
+        advantages: jax.Array,
+        masks: Mapping[str, jax.Array] | None = None,
+        detach_ratio: jax.Array | None = None,
+        segments: jax.Array | None = None,
+        *,
+        action_mask: jax.Array | None = None,
+        insight_mask: jax.Array | None = None,
+        writer_mask: jax.Array | None = None,
+    ):
+        masks = dict(masks or {})
+        for name, mask in (("action", action_mask), ("insight", insight_mask), ("writer", writer_mask)):
+            if mask is not None:
+                masks[name] = mask
+        for name, value in (
+            ("ids", ids),
+            ("old_logprobs", old_logprobs),
+            ("advantages", advantages),
+            ("masks", masks),
+            ("detach_ratio", detach_ratio),
+            ("segments", segments),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def action_mask(self) -> jax.Array | None:
+        return self.masks.get("action")
+
+    @property
+    def insight_mask(self) -> jax.Array | None:
+        return self.masks.get("insight")
+
+    @property
+    def writer_mask(self) -> jax.Array | None:
+        return self.masks.get("writer")
+
+
+#: The coefficients and parameters `LossConfig` holds as fields (the built-in terms' `loss.*` keys).
+BUILTIN_COEFS = ("lam", "grpo_coef", "clip_eps", "writer_sft_coef")
 
 
 @struct.dataclass
 class LossConfig:
-    """The coefficients of the objective, named as their `loss.*` config keys.
+    """The objective's terms and coefficients, named as their `loss.*` config keys.
 
-    The four coefficients are pytree leaves: `ShardedUpdate` passes them to the jitted step as float32 scalars
-    (`traced`), so runs that differ only in them (the arms of a λ sweep, GRPO vs RLTL;DR) run one compiled program,
-    read from the compilation cache by every run after the first. Nothing inside the step may branch on them in
-    Python. `logprob_chunk` shapes the program and stays static.
+    The coefficients (the four fields and `extra`) are pytree leaves: `ShardedUpdate` passes them to the jitted step
+    as float32 scalars (`traced`), so runs that differ only in them (the arms of a λ sweep, GRPO vs RLTL;DR) run one
+    compiled program, read from the compilation cache by every run after the first. Nothing inside the step may
+    branch on them in Python. `terms` (which `loss_terms.LOSS_TERMS` the loss sums, in order) and `logprob_chunk`
+    shape the program and stay static.
+
+    Attributes:
+      lam, grpo_coef, clip_eps, writer_sft_coef: the built-in terms' coefficients and GRPO's clip ε.
+      extra: {loss.* key: value} the coefficients and parameters of registered terms beyond those four.
+      terms: names of the terms, `loss.terms`.
     """
 
     lam: float | jax.Array = 0.5
     grpo_coef: float | jax.Array = 1.0
     clip_eps: float | jax.Array = 0.2
     writer_sft_coef: float | jax.Array = 0.0
+    extra: dict[str, float | jax.Array] = struct.field(default_factory=dict)
+    terms: tuple[str, ...] = struct.field(pytree_node=False, default=DEFAULT_TERMS)
     # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
     logprob_chunk: int = struct.field(pytree_node=False, default=128)
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
-        """The coefficients of a run's `config.loss` (lam, grpo_coef, clip_eps, writer_sft_coef)."""
+        """The terms (`loss.terms`) and coefficients of a run's `config.loss`: lam, grpo_coef, clip_eps,
+        writer_sft_coef, and the `coef` and `params` keys of every other configured term."""
         c = config.loss
-        return cls(lam=c.lam, grpo_coef=c.grpo_coef, clip_eps=c.clip_eps, writer_sft_coef=c.writer_sft_coef)
+        terms = parse_terms(c.get("terms", ",".join(DEFAULT_TERMS)))
+        keys = [k for name in terms for k in (LOSS_TERMS[name].coef, *LOSS_TERMS[name].params)]
+        missing = [k for k in keys if k not in BUILTIN_COEFS and k not in c]
+        if missing:
+            raise ValueError(
+                f"config.loss has no key {', '.join(map(repr, missing))} for loss.terms={','.join(terms)!r}: "
+                "import the module that registers the term before building the config"
+            )
+        extra = {k: c[k] for k in dict.fromkeys(keys) if k not in BUILTIN_COEFS}
+        return cls(
+            lam=c.lam,
+            grpo_coef=c.grpo_coef,
+            clip_eps=c.clip_eps,
+            writer_sft_coef=c.writer_sft_coef,
+            extra=extra,
+            terms=terms,
+        )
+
+    def coef(self, key: str) -> float | jax.Array:
+        """The coefficient or parameter of `loss.<key>`."""
+        if key in BUILTIN_COEFS:
+            return getattr(self, key)
+        if key not in self.extra:
+            raise KeyError(f"LossConfig has no coefficient {key!r}: give it in LossConfig(extra={{{key!r}: ...}})")
+        return self.extra[key]
+
+    def loss_terms(self) -> tuple[LossTerm, ...]:
+        """The configured `LossTerm`s, in order."""
+        return tuple(LOSS_TERMS[name] for name in parse_terms(self.terms))
 
     def traced(self) -> LossConfig:
         """The coefficients as numpy float32 scalars (arguments of a jitted step: one program for every value)."""
@@ -176,51 +265,31 @@ def optimizer_from_config(
     )
 
 
-#: Sums that `_micro_loss` reports next to the loss, accumulated over micro-batches.
-AUX_KEYS = (
-    "grpo_sum",
-    "clipped",
-    "ratio_sum",
-    "sft_sum",
-    "writer_sum",
-    "entropy_sum",
-    "trainer_logprob_sum",
-    "sampler_logprob_sum",
-)
+def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
+    """The masks the terms read, each once, in term order."""
+    return tuple(dict.fromkeys(t.mask for t in terms))
 
 
-def _micro_loss(params, graphdef, mb: dict[str, jax.Array], counts: tuple[jax.Array, ...], loss_cfg: LossConfig):
-    grpo_count, sft_count, writer_count = counts
+def _micro_loss(
+    params, graphdef, mb: dict[str, Any], counts: dict[str, jax.Array], loss_cfg: LossConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One micro-batch's Σ_k coef_k · sum_k / count_k (global counts) and every term's sums, keyed "{term}/sum" and
+    "{term}/{aux key}"."""
+    terms = loss_cfg.loss_terms()
     model = nnx.merge(graphdef, params)
-    needed = mb["action_mask"] | mb["insight_mask"] | mb["writer_mask"]
+    masks = mb["masks"]
+    needed = functools.reduce(operator.or_, (masks[m] for m in _mask_names(terms)))
     lp, entropy = sequence_logprobs(
         model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed, segments=mb.get("segments")
     )
-    grpo = grpo_loss(lp, mb["old_logprobs"], mb["advantages"], mb["action_mask"], loss_cfg.clip_eps, mb["detach_ratio"])
-    sft = insight_sft_loss(lp, mb["insight_mask"])
-    writer = insight_sft_loss(lp, mb["writer_mask"])
-    loss = rltldr_loss(
-        grpo,
-        sft,
-        lam=loss_cfg.lam,
-        grpo_count=grpo_count,
-        sft_count=sft_count,
-        grpo_coef=loss_cfg.grpo_coef,
-        writer=writer,
-        writer_sft_coef=loss_cfg.writer_sft_coef,
-        writer_count=writer_count,
-    )
-    aux = {
-        "grpo_sum": grpo.loss_sum,
-        "clipped": grpo.clipped,
-        "ratio_sum": grpo.ratio_sum,
-        "sft_sum": sft.loss_sum,
-        "writer_sum": writer.loss_sum,
-        "entropy_sum": jnp.sum(entropy * mb["action_mask"]),
-        "trainer_logprob_sum": jnp.sum(lp * mb["action_mask"]),
-        "sampler_logprob_sum": jnp.sum(mb["old_logprobs"] * mb["action_mask"]),
-    }
-    return loss, aux
+    inputs = TermInputs(lp, entropy, mb)
+    sums, coefs, aux = {}, {}, {}
+    for term in terms:
+        total, _, term_aux = term.fn(inputs, masks[term.mask], loss_cfg)
+        sums[term.name], coefs[term.name] = total, loss_cfg.coef(term.coef)
+        aux[f"{term.name}/sum"] = total
+        aux.update({f"{term.name}/{k}": v for k, v in term_aux.items()})
+    return combine(sums, counts, coefs), aux
 
 
 def train_step(
@@ -232,7 +301,9 @@ def train_step(
     tx: optax.GradientTransformation,
     loss_cfg: LossConfig,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """Accumulates gradients over the A micro-batches of `batch`, then applies one optimizer update.
+    """Accumulates the gradients of the configured loss terms (`loss_cfg.terms`, §3: L = Σ_k coef_k · sum_k / count_k
+    with count_k the token count of term k's mask over the whole batch) over the A micro-batches of `batch`, then
+    applies one optimizer update.
 
     A step whose loss or gradient norm is not finite changes nothing: the parameters and the optimizer state
     are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0). A micro-batch without any loss
@@ -247,34 +318,33 @@ def train_step(
         arguments of a jitted step, one program for every value); only used arithmetically, never branched on.
 
     Returns:
-      (new params, new optimizer state, metrics): loss, grpo_loss, sft_nll, clip_fraction, importance ratio,
-      entropy, grad_norm (before clipping), token counts, sampler-vs-trainer mean logprob gap, skipped_nonfinite.
+      (new params, new optimizer state, metrics): loss, grad_norm (before clipping), detached_examples,
+      skipped_nonfinite, and per term its mean (`LossTerm.metric_name`: grpo_loss, sft_nll, writer_sft_nll), its token
+      count (`tokens_metric_name`: grpo_tokens, sft_tokens, writer_sft_tokens) and its extra metrics (GRPO's
+      clip_fraction, importance_ratio, entropy and sampler-vs-trainer logprob_gap).
     """
-    writer_mask = jnp.zeros_like(batch.insight_mask) if batch.writer_mask is None else batch.writer_mask
+    terms = loss_cfg.loss_terms()
+    blank = jnp.zeros(batch.ids.shape, bool)  # a mask the batch lacks: no tokens
+    masks = {name: batch.masks.get(name, blank) for name in _mask_names(terms)}
     detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
-    grpo_count = jnp.sum(batch.action_mask).astype(jnp.float32)
-    sft_count = jnp.sum(batch.insight_mask).astype(jnp.float32)
-    writer_count = jnp.sum(writer_mask).astype(jnp.float32)
+    counts = {t.name: jnp.sum(masks[t.mask]).astype(jnp.float32) for t in terms}
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
     def compute(mb):
-        return grad_fn(params, graphdef, mb, (grpo_count, sft_count, writer_count), loss_cfg)
+        return grad_fn(params, graphdef, mb, counts, loss_cfg)
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        targets = jnp.any(mb["action_mask"] | mb["insight_mask"] | mb["writer_mask"])
+        targets = jnp.any(functools.reduce(operator.or_, (mb["masks"][m] for m in masks)))
         (micro_loss, a), g = jax.lax.cond(targets, compute, lambda _: nothing, mb)
         return (jax.tree.map(jnp.add, grads, g), loss + micro_loss, jax.tree.map(jnp.add, aux, a)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    aux0 = {k: jnp.float32(0) for k in AUX_KEYS}
     micro = {
         "ids": batch.ids,
         "old_logprobs": batch.old_logprobs,
         "advantages": batch.advantages,
-        "action_mask": batch.action_mask,
-        "insight_mask": batch.insight_mask,
-        "writer_mask": writer_mask,
+        "masks": masks,
         "detach_ratio": detach,
     }
     if batch.segments is not None:
@@ -282,6 +352,7 @@ def train_step(
     # What a micro-batch without targets contributes: zeros shaped like `compute`'s outputs.
     shapes = jax.eval_shape(compute, jax.tree.map(lambda x: x[0], micro))
     nothing = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    aux0 = nothing[0][1]
     (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), aux0), micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     grad_norm = optax.tree.norm(grads)
@@ -293,22 +364,17 @@ def train_step(
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     params, opt_state = jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
-    metrics = {
-        "loss": loss,
-        "grpo_loss": safe_divide(aux["grpo_sum"], grpo_count),
-        "sft_nll": safe_divide(aux["sft_sum"], sft_count),
-        "writer_sft_nll": safe_divide(aux["writer_sum"], writer_count),
-        "clip_fraction": safe_divide(aux["clipped"], grpo_count),
-        "importance_ratio": safe_divide(aux["ratio_sum"], grpo_count),
-        "entropy": safe_divide(aux["entropy_sum"], grpo_count),
-        "logprob_gap": safe_divide(aux["trainer_logprob_sum"] - aux["sampler_logprob_sum"], grpo_count),
-        "grad_norm": grad_norm,
-        "grpo_tokens": grpo_count,
-        "sft_tokens": sft_count,
-        "writer_sft_tokens": writer_count,
-        "detached_examples": _detached_examples(detach, batch.action_mask, batch.segments),
-        "skipped_nonfinite": (~finite).astype(jnp.float32),
-    }
+    metrics = {"loss": loss, "grad_norm": grad_norm}
+    for t in terms:
+        count = counts[t.name]
+        metrics[t.metric_name] = safe_divide(aux[f"{t.name}/sum"], count)
+        metrics[t.tokens_metric_name] = count
+        prefix = f"{t.name}/"
+        term_aux = {k[len(prefix) :]: v for k, v in aux.items() if k.startswith(prefix) and k != f"{t.name}/sum"}
+        metrics.update(t.extra_metrics(term_aux, count))
+    action = masks.get("action", batch.masks.get("action", blank))
+    metrics["detached_examples"] = _detached_examples(detach, action, batch.segments)
+    metrics["skipped_nonfinite"] = (~finite).astype(jnp.float32)
     return params, opt_state, metrics
 
 
