@@ -14,6 +14,7 @@ from flax import nnx
 from legacy_step import LegacyBatch
 from legacy_step import train_step as legacy_train_step
 
+from rltldr_jax import loss_terms
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.train.batching import Example, pack
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
@@ -104,3 +105,37 @@ def test_term_driven_step_is_bit_identical_to_the_old_step(model, name, optimize
     assert float(new_metrics["loss"]) != 0 and float(new_metrics["grpo_tokens"]) > 0
     for a, b in zip(jax.tree.leaves(new[:2]), jax.tree.leaves(old[:2]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_term_registers_by_decorator_and_reads_its_own_mask_by_name():
+    """`loss_term` registers a function; `Example.extra_masks` reaches `TrainBatch.masks` under its name, plain and
+    packed, and every batch of a `pack` call has the same masks (one pytree, one compiled step)."""
+
+    @loss_terms.loss_term("test_marked_nll", mask="marked", coef="marked_coef")
+    def marked_nll(inputs, mask, cfg):
+        return loss_terms.sft_term(inputs, mask, cfg)
+
+    try:
+        assert loss_terms.LOSS_TERMS["test_marked_nll"].fn is marked_nll
+        assert loss_terms.parse_terms("grpo, test_marked_nll") == ("grpo", "test_marked_nll")
+        with pytest.raises(ValueError, match="already registered"):
+            loss_terms.register_loss_term(loss_terms.LossTerm("test_marked_nll", "x", marked_nll, "c"))
+        with pytest.raises(ValueError, match="names a term twice"):
+            loss_terms.parse_terms("grpo,grpo")
+        ex = _examples()
+        marked = np.zeros(len(ex[1]), bool)
+        marked[5:9] = True
+        ex[1] = dataclasses.replace(ex[1], extra_masks={"marked": marked})
+        common = dict(micro_batch_size=2, grad_accum_steps=1, pad_to_multiple=16, max_len=64)
+        first, second, third = pack(ex, **common)
+        assert set(first.masks) == set(third.masks) == {"action", "insight", "writer", "marked"}
+        np.testing.assert_array_equal(np.asarray(first.masks["marked"])[0, 1, : len(marked)], marked)
+        assert not np.asarray(second.masks["marked"]).any()
+        packed = pack(ex, **common, pack_rows=2)[0]
+        assert int(np.asarray(packed.masks["marked"]).sum()) == 4
+        cfg = LossConfig(terms=("grpo", "test_marked_nll"), extra={"marked_coef": 0.25})
+        assert [t.name for t in cfg.loss_terms()] == ["grpo", "test_marked_nll"] and cfg.coef("marked_coef") == 0.25
+        with pytest.raises(KeyError, match="no coefficient 'nope'"):
+            cfg.coef("nope")
+    finally:
+        del loss_terms.LOSS_TERMS["test_marked_nll"]
