@@ -11,6 +11,10 @@ Conventions:
 - L_SFT is the next-token NLL of the insight-sentence tokens in the same contexts (the flipped backprop mask
   of §3.3), with its own token count, so the number of insight tokens does not rescale the GRPO term.
 
+The train step combines these as data: `loss_terms.LossTerm`s (GRPO, insight SFT, writer SFT and any registered
+term), each coef · sum / count over its own mask (`loss_terms.combine`; `rltldr_loss` below is the same sum for the
+three built-in terms).
+
 Host-side rollout filters (zero-advantage groups, positive-ratio filtering of A.3.2) are numpy functions:
 they choose which rollouts enter the update batch and are not differentiated.
 """
