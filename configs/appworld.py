@@ -7,7 +7,7 @@ test-challenge (417 tasks). AppWorld's data must be installed first (see README)
 machines without internet. The `tiny` preset keeps the AppWorld environment with a tiny random model.
 """
 
-from configs import base
+from rltldr_jax.config import base
 
 
 def _paper(c) -> None:

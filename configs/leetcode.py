@@ -7,7 +7,7 @@ One step per attempt, thinking off (the think budget ran out on the hardest prob
 128 tasks per phase, lr 6e-6, global batch 32 (1 per device × 4 accumulation × 8 devices).
 """
 
-from configs import base
+from rltldr_jax.config import base
 
 
 def _paper(c) -> None:

@@ -8,7 +8,7 @@ world of its own (rltldr_jax/envs/sapi). Paper numbers: RLTL;DR 18.9 % eval Pass
 (Table 2), GRPO stays near 0–1 %.
 """
 
-from configs import base
+from rltldr_jax.config import base
 
 
 def _paper(c) -> None:

@@ -1,0 +1,23 @@
+"""What the experiment config files (`configs/*.py`, loaded by path: `--config=configs/sapi.py:tiny`) share:
+`base` (every key with its default, documented, and the validation), `ablations` (the paper's baselines and
+ablations by name) and `replicate` (the small-scale replication's presets, arms and grids); `load` reads an
+experiment file by path, as `--config=FILE[:PRESET]` does."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+
+def load(spec: str) -> Any:
+    """`get_config(PRESET)` of an experiment config file named as on the command line, `FILE[:PRESET]` (e.g.
+    `load("configs/sapi.py:tiny")`, FILE relative to the current directory), as `--config=FILE[:PRESET]` loads it:
+    not validated or resolved (`ablations.resolve` does that)."""
+    path, _, preset = spec.partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config file {path!r} (in {os.getcwd()})")
+    module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(preset or None)
