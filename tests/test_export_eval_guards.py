@@ -29,9 +29,9 @@ from flax import nnx
 from helpers import tiny_config, tiny_run_config
 from test_checkpoint import _load_cli, _orbax_data_files
 
-from configs import replicate
 from rltldr_jax import checkpoint as ckpt_module
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError, export_hf, inspect_arrays, load_model
+from rltldr_jax.config import replicate
 from rltldr_jax.models import ModelSpec, Qwen35Config, get_preset, load_pretrained, save_pretrained
 from rltldr_jax.tokenization import load_tokenizer, train_chatml_tokenizer
 from rltldr_jax.train.evaluation import eval_policy
@@ -142,7 +142,7 @@ TRUNCATED_EXPORTS = textwrap.dedent(
     """
     import gc, sys, time
     sys.path.insert(0, sys.argv[3])
-    from launch.export_hf import main
+    from rltldr_jax.cli.export_hf import main
     for _ in range(5):  # orbax's orphaned reads race the error: several tries make their tracebacks show
         assert main([f"--checkpoint_dir={sys.argv[1]}", f"--out={sys.argv[2]}"]) == 2
         gc.collect()

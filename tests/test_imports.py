@@ -18,9 +18,13 @@ import rltldr_jax
 names = sorted(m.name for m in pkgutil.walk_packages(rltldr_jax.__path__, "rltldr_jax.")
                if "._" not in m.name and ".proto" not in m.name)
 failed = []
+from absl import flags
+absl_flags = set(flags.FLAGS)
 for name in names:
     for loaded in [m for m in sys.modules if m == "rltldr_jax" or m.startswith("rltldr_jax.")]:
         del sys.modules[loaded]
+    for flag in set(flags.FLAGS) - absl_flags:  # a launcher's (rltldr_jax.cli.*), defined again by the next one
+        delattr(flags.FLAGS, flag)
     try:
         importlib.import_module(name)
     except Exception:

@@ -74,3 +74,7 @@ def test_run_summary_names_the_outputs_and_next_commands():
     )
     assert "python launch/analyze_rollouts.py '--run=/runs/sapi tiny'" in text
     assert "rollouts" not in run_summary("/r", launch_dir="launch", config_args=[], rollouts=False)
+    # From the console script rltldr-train: the console scripts' names.
+    text = run_summary("/r", launch_dir=None, config_args=["--config=configs/sapi.py:tiny"])
+    assert "  rltldr-eval --config=configs/sapi.py:tiny --checkpoint=/r/checkpoints" in text
+    assert "  rltldr-analyze-rollouts --run=/r" in text

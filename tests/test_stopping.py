@@ -1,5 +1,5 @@
-"""SIGTERM / SIGINT (train/stopping.py, launch/common.py's `run_launcher`): the first signal is deferred to a safe
-point where asked, a second one (or one outside) raises at once, never lost where Python drops exceptions, and a
+"""SIGTERM / SIGINT (train/stopping.py, rltldr_jax/cli/common.py's `run_launcher`): the first signal is deferred to a
+safe point where asked, a second one (or one outside) raises at once, never lost where Python drops exceptions, and a
 launcher says so in one line with exit status 128 + the signal's number. The training loop's safe points:
 tests/test_train_loop.py."""
 
@@ -110,7 +110,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
 
 ISOLATED_GRID = """
 import functools, os, signal, sys, time
-from launch.common import run_launcher
+from rltldr_jax.cli.common import run_launcher
 from rltldr_jax.replication.driver import Task, isolated, run_tasks
 from rltldr_jax.train.stopping import RunStopped, StopSignals
 

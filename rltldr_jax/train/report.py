@@ -125,12 +125,13 @@ class MetricsLog:
             f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
-def run_summary(workdir: str, *, launch_dir: str, config_args: Sequence[str], rollouts: bool = True) -> str:
+def run_summary(workdir: str, *, launch_dir: str | None, config_args: Sequence[str], rollouts: bool = True) -> str:
     """Where a finished run's outputs are and the commands that read them.
 
     Args:
       workdir: the run's workdir.
-      launch_dir: the launchers' directory as the user reaches it (e.g. `launch`, from the repository root).
+      launch_dir: the launchers' directory as the user reaches it (e.g. `launch`, from the repository root); None
+        for the console scripts (`rltldr-eval`, ...).
       config_args: the run's `--config...` / `--ablation` arguments, repeated in the evaluation command.
       rollouts: whether the run saved its rollouts (`rollout.save_rollouts`).
     """
@@ -144,12 +145,18 @@ def run_summary(workdir: str, *, launch_dir: str, config_args: Sequence[str], ro
         outputs.append(("rollouts", os.path.join(workdir, "rollouts")))
     lines = [f"outputs in {workdir}:", *(f"  {what:<13}{path}" for what, path in outputs), "next:"]
     lines.append(f"  tensorboard --logdir {q(os.path.join(workdir, 'tb'))}")
+
+    def launcher(name: str) -> str:
+        if launch_dir is None:
+            return "rltldr-" + name.replace("_", "-")
+        return f"python {q(os.path.join(launch_dir, name + '.py'))}"
+
     evaluate = [
-        f"python {q(os.path.join(launch_dir, 'eval.py'))}",
+        launcher("eval"),
         *map(q, config_args),
         q(f"--checkpoint={os.path.join(workdir, 'checkpoints')}"),
     ]
     lines.append("  " + " ".join(evaluate))
     if rollouts:
-        lines.append(f"  python {q(os.path.join(launch_dir, 'analyze_rollouts.py'))} {q(f'--run={workdir}')}")
+        lines.append(f"  {launcher('analyze_rollouts')} {q(f'--run={workdir}')}")
     return "\n".join(lines)

@@ -81,13 +81,13 @@ def show_progress() -> bool:
 
 
 def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`launch.common.with_pretrained` for a single process. In a multi-process job the base policy must exist
+    """`rltldr_jax.cli.common.with_pretrained` for a single process. In a multi-process job the base policy must exist
     already (cached or shipped, on every process): pretraining is a one-process job (`launch/pretrain.py`), and a
     missing one exits on every process saying so."""
     import jax
 
-    from launch.common import with_pretrained
     from rltldr_jax import sharding
+    from rltldr_jax.cli.common import with_pretrained
 
     if jax.process_count() == 1 or config.pretrain.steps <= 0 or config.model.checkpoint:
         return with_pretrained(config)

@@ -15,20 +15,35 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from configs import ablations, base
+from rltldr_jax.config import ablations, base
 from rltldr_jax.train.stopping import Interrupted, StopSignals
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The checkout this package runs from (the source tree, or an editable install): its `configs/` holds the default
+#: config files. An installed wheel has none: there a config file is named relative to the current directory.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def configs_dir() -> str | None:
+    """The experiment configs' directory: the checkout's `configs/`, else `configs/` in the current directory, else
+    None."""
+    for folder in (os.path.join(REPO_ROOT, "configs"), os.path.abspath("configs")):
+        if os.path.isfile(os.path.join(folder, "sapi.py")):
+            return folder
+    return None
+
+
+def default_config(name: str) -> str | None:
+    """`configs/NAME` in `configs_dir()`: a launcher's default `--config` (None when there is none: `parse_flags`
+    then asks for `--config`)."""
+    folder = configs_dir()
+    return os.path.join(folder, name) if folder and os.path.isfile(os.path.join(folder, name)) else None
 
 
 def define_config_flags(ablation_help: str = "A named baseline/ablation of configs/ablations.py.") -> tuple[Any, Any]:
     """`--config=FILE[:PRESET]` (with `--config.KEY=VALUE` overrides) and `--ablation=NAME`; resolve with
     `resolve_config`."""
     config = config_flags.DEFINE_config_file(
-        "config",
-        os.path.join(REPO_ROOT, "configs", "sapi.py"),
-        "Config file, with an optional :preset.",
-        lock_config=True,
+        "config", default_config("sapi.py"), "Config file, with an optional :preset.", lock_config=True
     )
     return config, flags.DEFINE_string("ablation", None, ablation_help)
 
@@ -86,12 +101,17 @@ def quiet_logging() -> None:
         package.propagate = False  # not again through absl's handler on the root logger
 
 
-# Every config file with a get_config (an environment's or the replication's): not base.py, ablations.py.
-_CONFIG_FILES = ", ".join(
-    f"configs/{f}"
-    for f in sorted(os.listdir(os.path.join(REPO_ROOT, "configs")))
-    if f.endswith(".py") and f not in ("__init__.py", "base.py", "ablations.py")
-)
+def _config_files() -> str:
+    """Every config file with a get_config (an environment's or the replication's): not base.py, ablations.py."""
+    folder = configs_dir()
+    if folder is None:
+        return "an experiment config file (configs/*.py of the rltldr_jax repository)"
+    shown = "configs" if os.path.abspath("configs") == folder else folder
+    return ", ".join(
+        os.path.join(shown, f)
+        for f in sorted(os.listdir(folder))
+        if f.endswith(".py") and f not in ("__init__.py", "base.py", "ablations.py")
+    )
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -108,7 +128,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             path = arg.removeprefix("--config=").split(":", 1)[0]
             if not os.path.isfile(path):
-                sys.exit(f"error: no config file {path!r}; use one of {_CONFIG_FILES}")
+                sys.exit(f"error: no config file {path!r}; use one of {_config_files()}")
         elif arg == "--config":
             value = argv[i + 1] if i + 1 < len(argv) else ""
             if not value or value.startswith("-"):
@@ -117,10 +137,10 @@ def parse_flags(argv: list[str]) -> list[str]:
             if not os.path.isfile(path):
                 sys.exit(
                     f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with one "
-                    f"of {_CONFIG_FILES}"
+                    f"of {_config_files()}"
                 )
     try:
-        return flags.FLAGS(argv)
+        argv = flags.FLAGS(argv)
     except flags.Error as e:
         # config_flags re-raises a config file's exception with a traceback in its text: report the original.
         cause, original = e.__cause__ or e.__context__, None
@@ -129,6 +149,9 @@ def parse_flags(argv: list[str]) -> list[str]:
                 original = cause
             cause = cause.__cause__ or cause.__context__
         sys.exit(f"error: {original if original is not None else e}")
+    if "config" in flags.FLAGS and flags.FLAGS["config"].value is None:  # no --config, and no default file found
+        sys.exit(f"error: no --config given and no default here: use --config=FILE[:PRESET] with {_config_files()}")
+    return argv
 
 
 def use_compile_cache(cache_dir: str | None, *, key: str = "compile.cache_dir") -> str | None:
@@ -152,6 +175,18 @@ def with_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
         return ensure_pretrained(config, progress=sys.stderr.isatty())
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+
+
+def as_main(module: str) -> None:
+    """A launcher's docstring and flags as `--help` shows them, when the launcher runs from a console script or
+    launch/*.py (whose `__main__` module only calls its `run`) as when it is `__main__` itself: absl's usage text is
+    `__main__`'s docstring, and `--help` lists the flags of the main module and of this one (`--config`, ...)."""
+    main = sys.modules["__main__"]
+    if main is not sys.modules[module]:
+        main.__doc__ = sys.modules[module].__doc__
+        for name in (module, __name__, "rltldr_jax.cli.multihost"):
+            for flag in flags.FLAGS.get_key_flags_for_module(name):
+                flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def run_launcher(main: Callable[[list[str]], Any], *, hint: str = "") -> None:

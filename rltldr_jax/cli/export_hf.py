@@ -1,0 +1,98 @@
+"""Export a training checkpoint's parameters to an HF safetensors directory (transformers / SGLang load it).
+
+    python launch/export_hf.py --checkpoint_dir=runs/sapi-rltldr/checkpoints --out=/tmp/qwen_rltldr
+    python launch/export_hf.py --checkpoint_dir=... --step=120 --out=... --dtype=float32
+    python launch/export_hf.py --checkpoint_dir=... --out=... --config_json=/ckpt/qwen3_5_9b/config.json
+
+The architecture is read from the checkpoint (the trainer records `Qwen35Config.to_hf_dict()` at save time);
+--preset or --config_json give it for checkpoints saved without one (and must agree with a recorded one).
+Only the parameters are read (verified against the checksums recorded at save time); the optimizer state is not
+touched. An export replaces the weights of an existing --out as a whole (written next to it, then swapped in: never
+a mix of two exports); the directory's other files, e.g. a tokenizer.json, are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rltldr_jax.config.base import absolute_path
+
+DTYPES = ("bfloat16", "float32", "float16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint_dir",
+        required=True,
+        type=absolute_path,
+        help="the run's checkpoint directory (Checkpointer), local or gs://",
+    )
+    p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
+    p.add_argument(
+        "--out", required=True, type=absolute_path, help="output directory: config.json + model*.safetensors"
+    )
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the written tensors")
+    p.add_argument(
+        "--allow_nonfinite", action="store_true", help="export even if the weights hold NaN/inf (refused by default)"
+    )
+    arch = p.add_mutually_exclusive_group()
+    arch.add_argument(
+        "--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none"
+    )
+    arch.add_argument(
+        "--config_json", type=absolute_path, help="HF config.json (or a directory holding one) giving the architecture"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import jax.numpy as jnp
+
+    from rltldr_jax.checkpoint import CheckpointMismatchError, export_hf
+    from rltldr_jax.models import Qwen35Config, get_preset
+
+    try:
+        config = None
+        if args.preset:
+            config = get_preset(args.preset)
+        elif args.config_json:
+            path = args.config_json
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            config = Qwen35Config.from_json_file(path)
+        step = export_hf(
+            args.checkpoint_dir,
+            args.step,
+            args.out,
+            config=config,
+            dtype=getattr(jnp, args.dtype),
+            allow_nonfinite=args.allow_nonfinite,
+        )
+    except (FileNotFoundError, ValueError, CheckpointMismatchError) as e:
+        print(f"export_hf: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full output directory, ...
+        where = f" {e.filename}" if e.filename else ""
+        print(
+            f"export_hf: error: cannot write the export to {args.out} ({e.strerror or e}:{where}); give an --out in a "
+            "writable directory with enough free space",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({args.dtype})")
+    return 0
+
+
+def run() -> None:
+    """`rltldr-export-hf` (console script) and `python launch/export_hf.py`."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

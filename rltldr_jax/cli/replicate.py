@@ -1,0 +1,158 @@
+"""The small-scale replication: every (arm, seed) of a grid as its own training run, then the table and the curves.
+
+    python launch/replicate.py --config=configs/replicate.py:quick              # grpo vs rltldr, 1 seed (minutes)
+    python launch/replicate.py --config=configs/replicate.py                    # the full grid, 3 seeds (hours)
+    python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
+    python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
+
+Per seed: pretrain the policy from scratch (cached in `runs/pretrained` by a hash of its settings, so presets
+and grids with the same pretraining settings share it), check the
+base policy before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks must be 0; insight-conditioned
+success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`) as an ordinary `Trainer` run in
+`{out}/runs/{arm}-s{seed}`. Runs are resumable: a finished run is skipped, a stopped one continues from its last
+checkpoint, so rerunning the command only does what is missing. A finished run trained with other settings (a
+changed `--config.KEY`, another base policy) is never reused: the command refuses, naming the runs and the keys
+that differ; `--restart` redoes those runs (each old one moved to `{workdir}.old-<time>`). `sftldr` trains offline
+on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing). Every run compiles
+into and reads from one compilation cache (`compile.cache_dir`, by default the user's ~/.cache/rltldr_jax/xla, shared
+with every launcher), so the arms of a grid and its reruns compile each program once.
+
+`--jobs=N` runs N pieces of the grid (a seed's base checks, a run) at once, each in its own process (default: one per
+CPU core, at most 4; 1 for the gpu preset); a run's results do not depend on it. Launchers may also share one `--out`
+(e.g. disjoint `--arms` side by side, on several machines with a shared disk): a run, base policy or base check another
+launcher is making is waited for (one line says so), never made twice, and each launcher writes the report from
+every finished run in `--out`, so the last one to finish leaves the complete table.
+
+Writes to `--out` (default `runs/replicate`, `runs/replicate-{preset}` for the other presets):
+results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
+replication's numbers, and the base checks), curves.png (no-insight Pass@1 against environment steps, held-in and
+held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from rltldr_jax.cli.common import as_main, default_config, define_path, quiet_logging, run_launcher, use_compile_cache
+from rltldr_jax.config import base
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    default_config("replicate.py"),
+    "configs/replicate.py[:PRESET] (default, quick, gpu, smoke).",
+    lock_config=True,
+)
+_ARMS = flags.DEFINE_string(
+    "arms", None, "Comma-separated arms (default: the preset's; configs/replicate.py ARMS lists them)."
+)
+_SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
+_OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
+_JOBS = flags.DEFINE_integer(
+    "jobs",
+    None,
+    "Pieces of the grid (a seed's base checks, a run) to run at once, each in its own process (default: the "
+    "preset's, configs/replicate.py JOBS; 0 = one per CPU core, at most 4). Results do not depend on it.",
+)
+_RESTART = flags.DEFINE_bool(
+    "restart",
+    False,
+    "Redo the finished runs (and base checks) made with other settings than asked for, each old run moved to "
+    "{workdir}.old-<time>; without it the command refuses them. Runs made with these settings are kept.",
+)
+
+
+def _grid_module(filename: str):
+    """The config file as a module; it must define the grid (`ARMS`, `GRIDS`, `arm_config`)."""
+    spec = importlib.util.spec_from_file_location("replicate_config", filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not all(hasattr(module, name) for name in ("ARMS", "GRIDS", "arm_config")):
+        sys.exit(
+            f"error: {filename} defines no replication grid (ARMS, GRIDS, arm_config): "
+            "use --config=configs/replicate.py[:PRESET]"
+        )
+    return module
+
+
+def _csv(value: str | None, what: str, cast=str) -> list:
+    items = [v.strip() for v in (value or "").split(",") if v.strip()]
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        sys.exit(f"error: --{what}={value!r}: give a comma-separated list, e.g. --{what}=0,1,2")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --arms=grpo,rltldr")
+    filename, _, preset = flags.FLAGS["config"].config_filename.partition(":")
+    grid = _grid_module(filename)
+    preset = preset or "default"
+    if preset not in grid.GRIDS:
+        sys.exit(f"error: unknown preset {preset!r}; choose one of {', '.join(grid.GRIDS)}")
+    default_arms, default_seeds = grid.GRIDS[preset]
+    arms = _csv(_ARMS.value, "arms") or list(default_arms)
+    seeds = _csv(_SEEDS.value, "seeds", int) or list(default_seeds)
+    unknown = [a for a in arms if a not in grid.ARMS]
+    if unknown:
+        sys.exit(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(grid.ARMS)}")
+    out = _OUT.value or os.path.abspath(
+        os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}")
+    )
+    overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+    # Pretrained policies are cached in runs/pretrained (pretrain.cache_dir), shared by every grid: the quick
+    # preset's is the full grid's seed 0.
+    try:
+        configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for seed in seeds for arm in arms}
+        if any(c.mode == "sft" for c in configs.values()) and "rltldr" not in arms:  # offline arms read its rollouts
+            configs |= {("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides) for seed in seeds}
+    except base.ConfigError as e:
+        sys.exit(f"error: {e}")
+    quiet_logging()
+    # The grid's runs compile the same programs (every arm: the loss coefficients are traced): each is compiled once,
+    # by the first run that needs it, into the compilation cache (compile.cache_dir) that every run process reads.
+    use_compile_cache(_CONFIG.value.compile.cache_dir)
+    if not _VERBOSE.value:
+        for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    from rltldr_jax.replication.driver import GridError, run_replication
+
+    interactive = sys.stderr.isatty()
+    jobs = _JOBS.value if _JOBS.value is not None else getattr(grid, "JOBS", {}).get(preset, 1)
+    if jobs < 0:
+        sys.exit(f"error: --jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core")
+    try:
+        paths = run_replication(
+            configs,
+            out,
+            title=f"Small-scale replication ({preset})",
+            checks=getattr(grid, "CHECKS", {}).get(preset),
+            order=list(grid.ARMS),
+            restart=_RESTART.value,
+            jobs=jobs,
+            progress=interactive,
+            echo=lambda line: print(line, flush=True),
+        )
+    except GridError as e:
+        sys.exit(f"error: {e}")
+    print(f"\nresults in {out}:")
+    for p in paths:
+        print(f"  {p}")
+    print(f"next:\n  tensorboard --logdir {os.path.join(out, 'runs')}\n  cat {os.path.join(out, 'results.md')}")
+
+
+def run() -> None:
+    """`rltldr-replicate` (console script) and `python launch/replicate.py`."""
+    as_main(__name__)
+    run_launcher(main, hint="; rerun the same command to resume the grid")
+
+
+if __name__ == "__main__":
+    run()
