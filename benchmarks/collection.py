@@ -42,21 +42,19 @@ import logging
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
+from rltldr_jax.config import replicate
+from rltldr_jax.envs import TaskSource, load_tasks
+from rltldr_jax.train.loop import Trainer
+from rltldr_jax.train.pretrain import find_pretrained
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # configs/ is a directory of the repository, not an installed package
-
-import jax  # noqa: E402
-
-from configs import replicate  # noqa: E402
-from rltldr_jax.envs import TaskSource, load_tasks  # noqa: E402
-from rltldr_jax.train.loop import Trainer  # noqa: E402
-from rltldr_jax.train.pretrain import find_pretrained  # noqa: E402
 
 #: Overrides of the smoke mode (seconds on a CPU; not a measurement).
 SMOKE = {

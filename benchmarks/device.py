@@ -70,24 +70,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # configs/ (the trainer's config) lives at the repository root
-    sys.path.insert(0, ROOT)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from rltldr_jax.models import ModelSpec, Qwen35Config, get_preset  # noqa: E402
-from rltldr_jax.models.config import FULL, LINEAR  # noqa: E402
-from rltldr_jax.models.qwen3_5 import (  # noqa: E402
+from rltldr_jax.models import ModelSpec, Qwen35Config, get_preset
+from rltldr_jax.models.config import FULL, LINEAR
+from rltldr_jax.models.qwen3_5 import (
     blocked_causal_attention,
     causal_attention,
     cudnn_attention_problem,
     cudnn_causal_attention,
     resolve_attention_impl,
 )
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Peak dense (no sparsity) bf16 tensor FLOP/s per device, in TFLOP/s, keyed by `jax.Device.device_kind`, from the
 #: vendors' datasheets (NVIDIA states the sparse figure, twice these).
@@ -386,7 +384,7 @@ def _train_batch(config: Qwen35Config, context: int, micro: int, accum: int, see
 
 
 def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: int, accum: int) -> Row:
-    from configs.base import get_config
+    from rltldr_jax.config.base import get_config
     from rltldr_jax.sharding import MeshConfig
     from rltldr_jax.train.setup import ShardedUpdate
     from rltldr_jax.train.step import LossConfig, make_optimizer

@@ -31,7 +31,6 @@ import contextlib
 import copy
 import functools
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -42,8 +41,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import best_of
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/ is not a package
 
 #: Compilation events of jax.monitoring (seconds each): tracing, lowering, XLA compiling, reading the disk cache.
 COMPILE_EVENTS = (
@@ -242,7 +239,7 @@ def main() -> None:
     import logging
 
     logging.getLogger("rltldr_jax").setLevel(logging.WARNING)
-    from configs import replicate
+    from rltldr_jax.config import replicate
     from rltldr_jax.replication.checks import base_checks
     from rltldr_jax.replication.driver import base_policy
     from rltldr_jax.train.loop import Trainer

@@ -39,6 +39,7 @@
 #   step (1 task per phase, 2 attempts, 2 phases, a few tokens per step), and nothing is downloaded.
 
 # %%
+import importlib
 import logging
 import os
 import shutil
@@ -75,17 +76,17 @@ if REPO_ROOT is None:
     )
 INSTALLED_MARKER = "/tmp/rltldr_jax_installed"  # one install per Colab runtime
 if IN_COLAB and not os.path.exists(INSTALLED_MARKER):
+    # A regular install (into site-packages, already on this kernel's path; an editable one would need a restart).
     if shutil.which("nvidia-smi"):
-        pip_install("-e", f"{REPO_ROOT}[gpu]")
+        pip_install(f"{REPO_ROOT}[gpu]")
     elif os.environ.get("COLAB_TPU_ADDR") or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"):
-        pip_install("-e", REPO_ROOT, "jax[tpu]>=0.10.2,<0.11")
+        pip_install(REPO_ROOT, "jax[tpu]>=0.10.2,<0.11")
     else:
-        pip_install("-e", REPO_ROOT)
+        pip_install(REPO_ROOT)
+    importlib.invalidate_caches()
     open(INSTALLED_MARKER, "w").close()
 
-os.chdir(REPO_ROOT)
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # configs/ and launch/ are directories of the repository, not installed packages
+os.chdir(REPO_ROOT)  # configs/*.py are read by path (`rltldr_jax.config.load`) from here
 logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint operation at INFO
 
 WORKDIR = os.path.abspath(os.environ.get("RLTLDR_NOTEBOOK_WORKDIR") or os.path.join("runs", "colab-tiny"))
@@ -138,7 +139,7 @@ def show_png(path, width=7.0):
 # preset (a 14M-parameter policy, 10 seeds) is `--config=configs/replicate.py:gpu` on a GPU runtime.
 
 # %%
-from configs import replicate
+from rltldr_jax.config import replicate
 from rltldr_jax.replication.driver import run_replication
 
 PRESET = "smoke" if TEST_MODE else "quick"  # test mode: seconds, nothing meaningful learned
@@ -183,9 +184,9 @@ show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
 # "original policy" that notebook 2 compares the trained one with.
 
 # %%
-from configs import base, sapi
+from rltldr_jax.config import base, load
 
-config = sapi.get_config("tiny")
+config = load("configs/sapi.py:tiny")  # what --config=configs/sapi.py:tiny loads
 base.override(config, {"workdir": WORKDIR})
 if TEST_MODE:  # seconds instead of minutes: one task per phase, two attempts, a few tokens per step
     base.override(
@@ -475,7 +476,7 @@ if RUN_QWEN:
     from huggingface_hub import snapshot_download
 
     qwen_dir = snapshot_download(QWEN_HUB_ID, allow_patterns=["*.json", "*.safetensors", "*.txt"])
-    qwen_config = sapi.get_config("paper")
+    qwen_config = load("configs/sapi.py:paper")
     base.override(qwen_config, {**QWEN_OVERRIDES, "model.checkpoint": qwen_dir})
     qwen_config = base.validate(qwen_config)
     if os.path.isdir(QWEN_WORKDIR):

@@ -38,6 +38,7 @@
 #   step (1 task per phase, 2 attempts, 2 phases, a few tokens per step), and nothing is downloaded.
 
 # %%
+import importlib
 import logging
 import os
 import shutil
@@ -74,17 +75,17 @@ if REPO_ROOT is None:
     )
 INSTALLED_MARKER = "/tmp/rltldr_jax_installed"  # one install per Colab runtime
 if IN_COLAB and not os.path.exists(INSTALLED_MARKER):
+    # A regular install (into site-packages, already on this kernel's path; an editable one would need a restart).
     if shutil.which("nvidia-smi"):
-        pip_install("-e", f"{REPO_ROOT}[gpu]")
+        pip_install(f"{REPO_ROOT}[gpu]")
     elif os.environ.get("COLAB_TPU_ADDR") or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"):
-        pip_install("-e", REPO_ROOT, "jax[tpu]>=0.10.2,<0.11")
+        pip_install(REPO_ROOT, "jax[tpu]>=0.10.2,<0.11")
     else:
-        pip_install("-e", REPO_ROOT)
+        pip_install(REPO_ROOT)
+    importlib.invalidate_caches()
     open(INSTALLED_MARKER, "w").close()
 
-os.chdir(REPO_ROOT)
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # configs/ and launch/ are directories of the repository, not installed packages
+os.chdir(REPO_ROOT)  # configs/*.py are read by path (`rltldr_jax.config.load`) from here
 logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint operation at INFO
 
 WORKDIR = os.path.abspath(os.environ.get("RLTLDR_NOTEBOOK_WORKDIR") or os.path.join("runs", "colab-tiny"))
