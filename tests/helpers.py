@@ -11,7 +11,8 @@ from typing import Any
 
 import ml_collections
 
-from configs import base, sapi
+from configs import sapi
+from rltldr_jax.config import base
 
 #: One small phase of the tiny preset: 1 task, 2 attempts of at most 2 actions of a few tokens, trained in micro-batches
 #: of the preset's shape (4 examples padded to 1024 tokens: one train-step program per loss configuration), and a

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from helpers import tiny_config, tiny_run_config
 
-from configs import ablations, base
+from rltldr_jax.config import ablations, base
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
 from rltldr_jax.train.loop import Trainer
 

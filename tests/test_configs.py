@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from configs import ablations, base
+from rltldr_jax.config import ablations, base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENVS = ("sapi", "appworld", "leetcode")

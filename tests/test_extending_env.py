@@ -12,11 +12,11 @@ import types
 import pytest
 from helpers import tiny_config, tiny_run_config
 
-from configs import base
 from examples import my_env
 from rltldr_jax.agent.collector import load_rollouts
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.agent.insight import render_writer_prompt, rule_insight
+from rltldr_jax.config import base
 from rltldr_jax.envs import registry
 from rltldr_jax.envs.spec import EnvSpec, env_name_error, get_spec, register
 from rltldr_jax.train.loop import Trainer

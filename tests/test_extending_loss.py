@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 from helpers import tiny_config, tiny_run_config
 
-from configs import base
 from examples.entropy_bonus import entropy_bonus
+from rltldr_jax.config import base
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, TermInputs, combine
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.train.batching import Example, pack

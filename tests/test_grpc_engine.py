@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import base
+from rltldr_jax.config import base
 from rltldr_jax.engines import GenerationRequest, SamplingParams
 from rltldr_jax.engines import sglang_proto as pb
 from rltldr_jax.engines.factory import EngineConfig, policy_engine

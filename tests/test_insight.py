@@ -10,7 +10,6 @@ import json
 import pytest
 from helpers import tiny_config
 
-from configs.base import get_config
 from rltldr_jax.agent import insight as insight_module
 from rltldr_jax.agent.generation import shorten
 from rltldr_jax.agent.insight import (
@@ -23,6 +22,7 @@ from rltldr_jax.agent.insight import (
     render_writer_prompt,
     rule_insight,
 )
+from rltldr_jax.config.base import get_config
 from rltldr_jax.engines.engine import GenerationEngine, GenerationResult
 from rltldr_jax.envs import leetcode as lc
 from rltldr_jax.envs.appworld import verdict_from_tracker_dict

@@ -390,7 +390,7 @@ def test_bad_engine_options(model):
 def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
     """engine.prefill_chunk, engine.prefix_cache_mb, engine.weights_dtype, engine.decode_steps and
     engine.decode_group (configs/base.py) reach the policy's JaxEngine."""
-    from configs import base
+    from rltldr_jax.config import base
     from rltldr_jax.engines.factory import EngineConfig, policy_engine
 
     config = base.get_config()

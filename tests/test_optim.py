@@ -9,8 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import base, sapi
+from configs import sapi
 from rltldr_jax.checkpoint import Checkpointer, CheckpointMismatchError
+from rltldr_jax.config import base
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.setup import ShardedUpdate

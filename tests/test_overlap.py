@@ -16,11 +16,11 @@ import time
 import pytest
 from helpers import tiny_run_config as _config
 
-from configs import base
 from rltldr_jax.agent.collector import Collector
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.config import base
 from rltldr_jax.envs import TaskSource, load_tasks, make_env
 from rltldr_jax.envs.sapi.tasks import generate_tasks
 from rltldr_jax.train import loop

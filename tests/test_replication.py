@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from configs import base, replicate
+from rltldr_jax.config import base, replicate
 from rltldr_jax.tokenization import CHATML_SPECIAL_TOKENS, ContextBuilder, load_tokenizer, train_chatml_tokenizer
 
 

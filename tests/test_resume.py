@@ -20,8 +20,8 @@ from helpers import tiny_run_config as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoint import _failing_writes, _orbax_data_files
 
-from configs import base
 from rltldr_jax.checkpoint import CheckpointSaveError, CorruptCheckpointError
+from rltldr_jax.config import base
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import (
     ConfigChangeError,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from configs.base import get_config
 from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.config.base import get_config
 from rltldr_jax.tokenization import Insight
 
 

@@ -6,7 +6,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from configs.base import get_config
+from rltldr_jax.config.base import get_config
 from rltldr_jax.tokenization import (
     INSIGHT_SCAFFOLD,
     QWEN3_5_SPECIAL_TOKENS,

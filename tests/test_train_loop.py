@@ -19,7 +19,8 @@ from helpers import TINY_RUN
 from helpers import tiny_run_config as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from configs import base, sapi
+from configs import sapi
+from rltldr_jax.config import base
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import lock_workdir
 from rltldr_jax.train.stopping import Interrupted, RunStopped
