@@ -39,7 +39,9 @@ def default_config(name: str) -> str | None:
     return os.path.join(folder, name) if folder and os.path.isfile(os.path.join(folder, name)) else None
 
 
-def define_config_flags(ablation_help: str = "A named baseline/ablation of configs/ablations.py.") -> tuple[Any, Any]:
+def define_config_flags(
+    ablation_help: str = "A named baseline/ablation of rltldr_jax/config/ablations.py.",
+) -> tuple[Any, Any]:
     """`--config=FILE[:PRESET]` (with `--config.KEY=VALUE` overrides) and `--ablation=NAME`; resolve with
     `resolve_config`."""
     config = config_flags.DEFINE_config_file(
@@ -124,7 +126,7 @@ def parse_flags(argv: list[str]) -> list[str]:
             try:
                 base.get(base.get_config(), key)  # every preset has the keys of base.get_config()
             except base.ConfigError as e:
-                sys.exit(f"error: {e} (from {arg!r}); every key is documented in configs/base.py")
+                sys.exit(f"error: {e} (from {arg!r}); every key is documented in rltldr_jax/config/base.py")
         elif arg.startswith("--config="):
             path = arg.removeprefix("--config=").split(":", 1)[0]
             if not os.path.isfile(path):

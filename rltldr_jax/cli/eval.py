@@ -34,7 +34,9 @@ from rltldr_jax.cli.common import (
     use_compile_cache,
 )
 
-_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py (its eval settings).")
+_CONFIG, _ABLATION = define_config_flags(
+    "A named baseline/ablation of rltldr_jax/config/ablations.py (its eval settings)."
+)
 _CHECKPOINT = define_path("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
 _OUT = define_path("out", None, "Where to write the JSON (default {workdir}/eval/eval_{checkpoint}.json).")
 

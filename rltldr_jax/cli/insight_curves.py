@@ -36,7 +36,7 @@ from rltldr_jax.cli.common import (
     with_pretrained,
 )
 
-_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of rltldr_jax/config/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _CHECKPOINT = define_path(
     "checkpoint",

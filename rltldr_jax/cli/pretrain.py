@@ -29,7 +29,7 @@ from rltldr_jax.cli.common import (
     with_pretrained,
 )
 
-_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of rltldr_jax/config/ablations.py.")
 _CHECKS = flags.DEFINE_bool("checks", False, "Also run the base policy's checks (i.i.d. Pass@64, insight curves).")
 
 

@@ -29,7 +29,7 @@ from rltldr_jax.cli.common import (
 from rltldr_jax.cli.multihost import base_policy, show_progress, start_distributed
 from rltldr_jax.config import ablations
 
-_CONFIG, _ABLATION = define_config_flags("An offline SFT row of configs/ablations.py (sft_* or sftldr*).")
+_CONFIG, _ABLATION = define_config_flags("An offline SFT row of rltldr_jax/config/ablations.py (sft_* or sftldr*).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List the offline SFT ablations and exit.")
 _RESTART = flags.DEFINE_bool(

@@ -9,7 +9,7 @@
     python launch/train.py --config=configs/sapi.py:tiny --restart       # start over (the old run is moved aside)
 
 `--config=FILE[:PRESET]` loads `get_config(PRESET)` from FILE; `--ablation=NAME` applies a named row of
-configs/ablations.py; `--config.KEY=VALUE` flags override last. The resolved config is validated: an unknown
+rltldr_jax/config/ablations.py; `--config.KEY=VALUE` flags override last. The resolved config is validated: an unknown
 key or an invalid value stops here with a message naming it.
 
 SIGTERM (a scheduler's preemption or time limit) or Ctrl-C stops the run at the next safe point (after the phase
@@ -44,7 +44,7 @@ from rltldr_jax.cli.common import (
 from rltldr_jax.cli.multihost import base_policy, show_progress, start_distributed
 from rltldr_jax.config import ablations
 
-_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of configs/ablations.py.")
+_CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of rltldr_jax/config/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
 _LIST = flags.DEFINE_bool("list_ablations", False, "List every ablation with its paper row and exit.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest intact checkpoint in the workdir.")

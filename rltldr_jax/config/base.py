@@ -576,7 +576,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if errors:
         raise ConfigError(
             "invalid config:\n  - " + "\n  - ".join(errors) + "\n(set values with --config.KEY=VALUE; every key is "
-            "documented in configs/base.py)"
+            "documented in rltldr_jax/config/base.py)"
         )
     return config
 
@@ -587,7 +587,7 @@ def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_co
         parent, _, leaf = key.rpartition(".")
         node = get(config, parent) if parent else config
         if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-            raise ConfigError(f"unknown config key {key!r}; every key is documented in configs/base.py")
+            raise ConfigError(f"unknown config key {key!r}; every key is documented in rltldr_jax/config/base.py")
         try:
             node[leaf] = value
         except TypeError as e:

@@ -24,7 +24,7 @@ launch/replicate.py, the benchmarks and the notebooks.
 Presets: `default` (the full grid: `replicate_xs`, 3 seeds), `quick` (the same pretraining, 30 phases of RL, seeds
 0-2, grpo and rltldr only: what the README's first command runs), `gpu` (`replicate_m`, 10 seeds, for one GPU) and
 `smoke` (tiny budgets, for the tests). `GRIDS` holds each preset's default arms and seeds; `ARMS` maps an arm name
-to the overrides that define it (an ablation of configs/ablations.py where one exists).
+to the overrides that define it (an ablation of rltldr_jax/config/ablations.py where one exists).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from rltldr_jax.config import ablations, base
 #: which λ = 0.5 learned nothing in 20 phases where λ = 0 did. The grid's λ sweep tests the choice.
 DEFAULT_LAMBDA = 0.03
 
-#: Arm name -> (ablation of configs/ablations.py or None, extra overrides). Applied after the preset.
+#: Arm name -> (ablation of rltldr_jax/config/ablations.py or None, extra overrides). Applied after the preset.
 ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "rltldr": (None, {"loss.lam": DEFAULT_LAMBDA}),
