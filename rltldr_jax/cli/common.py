@@ -104,12 +104,13 @@ def quiet_logging() -> None:
 
 
 def _config_files() -> str:
-    """Every config file with a get_config (an environment's or the replication's): not base.py, ablations.py."""
+    """The config files to suggest: each one with a get_config (an environment's or the replication's; not
+    base.py, ablations.py), or where they are when there is no configs/ directory."""
     folder = configs_dir()
     if folder is None:
-        return "an experiment config file (configs/*.py of the rltldr_jax repository)"
+        return "an experiment file such as configs/sapi.py of the rltldr_jax repository"
     shown = "configs" if os.path.abspath("configs") == folder else folder
-    return ", ".join(
+    return "one of " + ", ".join(
         os.path.join(shown, f)
         for f in sorted(os.listdir(folder))
         if f.endswith(".py") and f not in ("__init__.py", "base.py", "ablations.py")
@@ -130,7 +131,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             path = arg.removeprefix("--config=").split(":", 1)[0]
             if not os.path.isfile(path):
-                sys.exit(f"error: no config file {path!r}; use one of {_config_files()}")
+                sys.exit(f"error: no config file {path!r}; use {_config_files()}")
         elif arg == "--config":
             value = argv[i + 1] if i + 1 < len(argv) else ""
             if not value or value.startswith("-"):
@@ -138,8 +139,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             path = value.split(":", 1)[0]
             if not os.path.isfile(path):
                 sys.exit(
-                    f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with one "
-                    f"of {_config_files()}"
+                    f"error: no config file {path!r} (from '--config {value}'); use --config=FILE[:PRESET] with "
+                    f"{_config_files()}"
                 )
     try:
         argv = flags.FLAGS(argv)
