@@ -131,3 +131,21 @@ def test_default_config_without_a_checkout(tmp_path, monkeypatch):
     open(tmp_path / "configs" / "sapi.py", "w").close()
     assert common.default_config("sapi.py") == str(tmp_path / "configs" / "sapi.py")
     assert common.default_config("replicate.py") is None
+
+
+def test_no_config_and_no_default_is_one_line(tmp_path):
+    """An installed package (no checkout around it) run without --config outside a checkout: one line."""
+    code = (
+        "import sys; sys.argv[0] = 'rltldr-train'\n"
+        "from rltldr_jax.cli import common; common.REPO_ROOT = '/nonexistent'\n"
+        "from rltldr_jax.cli.train import run; run()\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--dry_run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "error: no --config given and no default here: use --config=FILE[:PRESET] with an experiment file such as "
+        "configs/sapi.py of the rltldr_jax repository"
+    )
