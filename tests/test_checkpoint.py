@@ -312,10 +312,7 @@ def test_restore_onto_8_device_mesh_and_save_sharded(setup, tmp_path):
 
 
 def _load_cli():
-    spec = importlib.util.spec_from_file_location("export_hf_cli", os.path.join(ROOT, "launch", "export_hf.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("rltldr_jax.cli.export_hf")  # launch/export_hf.py
 
 
 def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):

@@ -409,15 +409,13 @@ def test_cli_and_outputs(checkpoints, tmp_path, capsys):
     assert len(table) == 2 + len(rows) and f"{100 * expected['all']['exceed_bf16']:.2f}%" in table[2]
 
     # Errors return 2 with a message (in-process: the flags module is loaded once).
-    spec = importlib.util.spec_from_file_location("delta_theta_cli", os.path.join(ROOT, "launch", "delta_theta.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    run = importlib.import_module("rltldr_jax.cli.delta_theta").run_comparison  # launch/delta_theta.py's
     kwargs = {"out": None, "preset": None, "config_json": None, "bins_per_octave": 1024, "quiet": True}
-    assert cli.run(str(tmp_path), str(tmp / "hf_b"), **kwargs) == 2
+    assert run(str(tmp_path), str(tmp / "hf_b"), **kwargs) == 2
     assert "delta_theta: error:" in capsys.readouterr().err
-    assert cli.run(str(tmp / "hf_a"), str(tmp / "noconfig"), **{**kwargs, "preset": "tiny"}) == 2  # vocab ≠ 256
+    assert run(str(tmp / "hf_a"), str(tmp / "noconfig"), **{**kwargs, "preset": "tiny"}) == 2  # vocab ≠ 256
     assert "embed_tokens.embedding: checkpoint (256, 64) ≠ config (248320, 64)" in capsys.readouterr().err
-    assert cli.run(str(tmp / "hf_a"), str(tmp / "hf_b"), **{**kwargs, "out": str(tmp_path / "t.txt")}) == 2
+    assert run(str(tmp / "hf_a"), str(tmp / "hf_b"), **{**kwargs, "out": str(tmp_path / "t.txt")}) == 2
     assert "must end in .csv or .json" in capsys.readouterr().err
-    assert cli.run(str(tmp / "hf_a"), str(tmp / "hf_b"), **kwargs) == 0
+    assert run(str(tmp / "hf_a"), str(tmp / "hf_b"), **kwargs) == 0
     assert "a = " + str(tmp / "hf_a") in capsys.readouterr().out

@@ -442,11 +442,8 @@ def test_a_server_killed_mid_phase_loses_no_request(servers):
 
 @pytest.fixture(scope="module")
 def serve_module():
-    """launch/serve.py as a module (its argument checks run without starting a server)."""
-    spec = importlib.util.spec_from_file_location("serve_launcher", os.path.join(ROOT, "launch", "serve.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """launch/serve.py's module (its argument checks run without starting a server)."""
+    return importlib.import_module("rltldr_jax.cli.serve")
 
 
 @pytest.mark.parametrize(
@@ -599,9 +596,7 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
         env={**os.environ, pb.API_KEY_ENV: KEY},
     ).stdout
     assert "--api-key '***'" in keyed and KEY not in keyed  # SGLang gets the key; the printout hides it
-    spec = importlib.util.spec_from_file_location("serve_sglang_launcher", script)
-    launcher = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launcher)
+    launcher = importlib.import_module("rltldr_jax.cli.serve_sglang")
     assert launcher.API_KEY_ENV == pb.API_KEY_ENV  # its own copy (it does not import jax for --dry_run)
     real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
     assert real.returncode != 0
