@@ -9,7 +9,8 @@ from test_episode import ReplayEngine
 
 from rltldr_jax.agent.collector import Collector, save_phase
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.insight import InsightWriter, rule_insight
+from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.envs import make_env
 from rltldr_jax.envs.sapi.env import SapiEnv

@@ -6,7 +6,7 @@ import collections
 import numpy as np
 import pytest
 
-from rltldr_jax.agent.insight import rule_insight
+from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.envs import craft, load_tasks, make_env
 from rltldr_jax.envs.base import Task
 

@@ -10,18 +10,12 @@ import json
 import pytest
 from helpers import tiny_config
 
-from rltldr_jax.agent import insight as insight_module
+from rltldr_jax.agent import writer_json
 from rltldr_jax.agent.generation import shorten
-from rltldr_jax.agent.insight import (
-    ROLLOUT_END,
-    ROLLOUT_START,
-    FailedAttempt,
-    InsightWriter,
-    insight_from_fields,
-    parse_writer_output,
-    render_writer_prompt,
-    rule_insight,
-)
+from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.rule_insight import rule_insight
+from rltldr_jax.agent.writer_json import insight_from_fields, parse_writer_output
+from rltldr_jax.agent.writer_prompt import ROLLOUT_END, ROLLOUT_START, FailedAttempt, render_writer_prompt
 from rltldr_jax.config.base import get_config
 from rltldr_jax.engines.engine import GenerationEngine, GenerationResult
 from rltldr_jax.envs import leetcode as lc
@@ -191,14 +185,14 @@ def test_pathological_answers_fail_fast(text, why, monkeypatch):
     # Each scan pass steps over the text once (at most _MAX_RESTARTS + 1 passes); at most _MAX_CANDIDATES spans
     # are parsed, each by at most four parsers. The quadratic brace matching this replaced did ~len(text)²/2.
     scanned, parsed = work()
-    assert scanned <= (insight_module._MAX_RESTARTS + 1) * (len(text) + 1)
-    assert parsed <= 4 * insight_module._MAX_CANDIDATES * len(text)
+    assert scanned <= (writer_json._MAX_RESTARTS + 1) * (len(text) + 1)
+    assert parsed <= 4 * writer_json._MAX_CANDIDATES * len(text)
 
 
 def _parse_work(monkeypatch):
     """Counters on the parser's two costs: (characters the brace scan passed, characters given to json/ast)."""
     counts = {"scanned": 0, "parsed": 0}
-    special = insight_module._SPECIAL
+    special = writer_json._SPECIAL
 
     class CountingPattern:
         def search(self, text, pos=0):
@@ -206,7 +200,7 @@ def _parse_work(monkeypatch):
             counts["scanned"] += (m.end() if m else len(text)) - pos
             return m
 
-    real_json_loads, real_literal_eval = insight_module.json.loads, insight_module.ast.literal_eval
+    real_json_loads, real_literal_eval = writer_json.json.loads, writer_json.ast.literal_eval
 
     def json_loads(text, **kw):
         counts["parsed"] += len(text)
@@ -216,9 +210,9 @@ def _parse_work(monkeypatch):
         counts["parsed"] += len(text)
         return real_literal_eval(text)
 
-    monkeypatch.setattr(insight_module, "_SPECIAL", CountingPattern())
-    monkeypatch.setattr(insight_module.json, "loads", json_loads)
-    monkeypatch.setattr(insight_module.ast, "literal_eval", literal_eval)
+    monkeypatch.setattr(writer_json, "_SPECIAL", CountingPattern())
+    monkeypatch.setattr(writer_json.json, "loads", json_loads)
+    monkeypatch.setattr(writer_json.ast, "literal_eval", literal_eval)
     return lambda: (counts["scanned"], counts["parsed"])
 
 

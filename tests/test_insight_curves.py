@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from rltldr_jax.agent.insight import InsightWriter, rule_insight
+from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.analysis import insight_curves as ic
 from rltldr_jax.envs import make_env
 from rltldr_jax.metrics import AttemptRecord

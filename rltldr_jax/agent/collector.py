@@ -37,8 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rltldr_jax.agent.episode import Attempt, EpisodeConfig, StepRecord, run_attempt, step_seed
-from rltldr_jax.agent.insight import FailedAttempt, InsightWriter, WriterOutput
+from rltldr_jax.agent.insight import InsightWriter, WriterOutput
 from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.agent.writer_prompt import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, Task, Verdict
 from rltldr_jax.tokenization import ContextBuilder, Insight

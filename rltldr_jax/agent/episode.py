@@ -27,7 +27,7 @@ from typing import Literal
 import ml_collections
 
 from rltldr_jax.agent.generation import generate_two_phase, shorten
-from rltldr_jax.agent.insight import FailedAttempt
+from rltldr_jax.agent.writer_prompt import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, StepResult, Task, Verdict
 from rltldr_jax.envs.spec import API_PROMPT, CODING_PROMPT, PLAN_PROMPT, get_spec

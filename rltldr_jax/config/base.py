@@ -21,8 +21,9 @@ from typing import Any
 import ml_collections
 
 from rltldr_jax.agent.collector import INSIGHT_AFTER, exact_group_size_error
-from rltldr_jax.agent.insight import CONTENTS, SOURCES
+from rltldr_jax.agent.insight import SOURCES
 from rltldr_jax.agent.schedule import POLICIES
+from rltldr_jax.agent.writer_json import CONTENTS
 from rltldr_jax.compile_cache import default_cache_dir
 from rltldr_jax.engines.engine import top_k_error
 from rltldr_jax.engines.factory import engine_kind_error

@@ -378,7 +378,7 @@ class CraftEnv:
 
 
 def insight_text(req: str) -> str:
-    """A requirement as the rule-based insight writer phrases it (`agent.insight.rule_insight`)."""
+    """A requirement as the rule-based insight writer phrases it (`agent.rule_insight.rule_insight`)."""
     return f"Make sure that {req}."
 
 

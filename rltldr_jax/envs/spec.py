@@ -64,7 +64,7 @@ class EnvSpec:
         (an agent acting through APIs; AppWorld's wording) or "coding" (a solution checked by unit tests).
       rule_failure: the verifier's report -> the one-sentence insight of the rule source (`insight.source="rule"`,
         no model: the first failed requirement as "Make sure ..."), or None when the report is not in the
-        environment's format; then `agent.insight.rule_insight` falls back to the report's first informative line.
+        environment's format; then `agent.rule_insight.rule_insight` falls back to the report's first informative line.
         None: always the fallback.
       demonstrations: optional pretraining source (`pretrain.steps > 0`), called with `insight_prob`,
         `max_insights` and `statement_prob` (see `registry.demonstrations`); returns rng -> `PretrainExample`.
