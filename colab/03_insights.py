@@ -142,6 +142,7 @@ print(f"checkpoints of {WORKDIR}: steps {STEPS} (step 0 = the initial policy, st
 # %%
 import ml_collections
 
+from rltldr_jax.agent.rollout_files import load_rollouts
 from rltldr_jax.analysis import rollouts as ro
 from rltldr_jax.analysis.reliance import recorded_run_config
 from rltldr_jax.config import base
@@ -150,7 +151,7 @@ from rltldr_jax.tokenization import context_builder, load_tokenizer
 config = base.validate(ml_collections.ConfigDict(recorded_run_config(CKPT_DIR)))
 tokenizer = load_tokenizer(config.tokenizer or config.model.checkpoint or None)
 builder = context_builder(config, tokenizer)
-records = ro.load_rollouts(WORKDIR)
+records = load_rollouts(WORKDIR)
 ANALYSIS = os.path.join(WORKDIR, "analysis")
 print(
     f"{len(records)} attempts of {len({r.task_id for r in records})} tasks in {len({r.phase for r in records})} phases"

@@ -128,8 +128,9 @@ def test_one_tiny_phase_of_every_rl_entry(name, tmp_path, request):
 def saved_run(tmp_path_factory, builder):
     """A saved phase as an RLTL;DR run writes it (save_phase): task A solved at attempt 2 after an insight, task B
     failed twice, its second attempt with an insight."""
-    from rltldr_jax.agent.collector import PhaseResult, save_phase
+    from rltldr_jax.agent.collector import PhaseResult
     from rltldr_jax.agent.episode import Attempt, StepRecord
+    from rltldr_jax.agent.rollout_files import save_phase
     from rltldr_jax.envs import Task, Verdict
     from rltldr_jax.tokenization import Insight
 

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rltldr_jax.agent.collector import PhaseResult, save_phase
+from rltldr_jax.agent.collector import PhaseResult
 from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
 from rltldr_jax.agent.insight import WriterOutput
+from rltldr_jax.agent.rollout_files import load_rollouts, save_phase
 from rltldr_jax.analysis import rollouts as ro
 from rltldr_jax.envs.base import Task, Verdict
 from rltldr_jax.tokenization import Insight, Step
@@ -119,7 +120,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def records(run_dir):
-    return ro.load_rollouts(run_dir)
+    return load_rollouts(run_dir)
 
 
 def test_load_rollouts_rebuilds_the_saved_attempts(run_dir, records):
@@ -129,17 +130,17 @@ def test_load_rollouts_rebuilds_the_saved_attempts(run_dir, records):
     assert [r.attempt.index for r in a0] == [1, 2, 3] and [r.written_insight for r in a0] == [I1, I2, None]
     assert a0[2].attempt.insights == (Insight(I1, 1), Insight(I2, 2)) and a0[2].success
     assert a0[0].attempt.task == _task("A") and a0[0].attempt.steps[0].action_ids == (1, 2, 3)
-    assert ro.load_rollouts(run_dir / "rollouts")[5] == records[5]  # the rollouts directory itself works too
+    assert load_rollouts(run_dir / "rollouts")[5] == records[5]  # the rollouts directory itself works too
     assert ro.phase_split(records) == 2.0  # (0 + 3 + 1) / 2: phases 0, 1 | 2, 3
 
 
 def test_load_rollouts_errors_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"rollout\.save_rollouts=True"):
-        ro.load_rollouts(tmp_path)
+        load_rollouts(tmp_path)
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "rollouts" / "phase_00000.jsonl").write_text('{"phase": 0}\n')
     with pytest.raises(ValueError, match=r"phase_00000\.jsonl:1 is not a rollout record"):
-        ro.load_rollouts(tmp_path)
+        load_rollouts(tmp_path)
 
 
 def test_content_words_and_jaccard():
@@ -326,14 +327,14 @@ def _reference_reliance(model, builder, attempt: Attempt) -> tuple[float, int]:
 def reliance_result(reliance_run, builder, tiny_policy):
     from rltldr_jax.analysis.reliance import insight_reliance
 
-    return insight_reliance(ro.load_rollouts(reliance_run), tiny_policy[0], builder, batch_size=2)
+    return insight_reliance(load_rollouts(reliance_run), tiny_policy[0], builder, batch_size=2)
 
 
 def test_insight_reliance_matches_independent_logprobs(reliance_run, reliance_result, builder, tiny_policy, tmp_path):
     from rltldr_jax.analysis.reliance import insight_reliance, write_reliance
 
     model, _ = tiny_policy
-    records = ro.load_rollouts(reliance_run)
+    records = load_rollouts(reliance_run)
     res = reliance_result
     assert [(a.task_id, a.phase, a.attempt, a.n_insights) for a in res.attempts] == [
         ("sapi/R1", 0, 2, 1),
@@ -429,6 +430,6 @@ def test_reliance_with_training_checkpoints(reliance_run, reliance_result, build
     assert recorded_run_config(str(tmp_path / "absent")) == {}
     policy = per_phase_policy(directory)
     assert policy(0) is None  # no checkpoint sampled phase 0
-    res = insight_reliance(ro.load_rollouts(reliance_run), policy, builder, batch_size=2)
+    res = insight_reliance(load_rollouts(reliance_run), policy, builder, batch_size=2)
     assert res.skipped_phases == (0,) and [(a.task_id, a.phase) for a in res.attempts] == [("sapi/R2", 1)]
     assert res.second_half == pytest.approx(reliance_result.second_half, abs=1e-6)

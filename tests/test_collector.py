@@ -7,9 +7,10 @@ import json
 import pytest
 from test_episode import ReplayEngine
 
-from rltldr_jax.agent.collector import Collector, save_phase
+from rltldr_jax.agent.collector import Collector
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.envs import make_env

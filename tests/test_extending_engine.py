@@ -11,7 +11,7 @@ import pytest
 from helpers import tiny_config, tiny_run_config
 
 from examples.scripted_engine import SCRIPT, SCRIPT_LOGPROB, ScriptedEngine
-from rltldr_jax.agent.collector import record_from_json
+from rltldr_jax.agent.rollout_files import record_from_json
 from rltldr_jax.config import base
 from rltldr_jax.engines import GenerationEngine, GenerationRequest, GenerationResult, SamplingParams
 from rltldr_jax.engines.factory import ENGINES, engine_kind_error, register_engine, resolve_engine

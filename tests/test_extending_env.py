@@ -13,8 +13,8 @@ import pytest
 from helpers import tiny_config, tiny_run_config
 
 from examples import my_env
-from rltldr_jax.agent.collector import load_rollouts
 from rltldr_jax.agent.episode import task_text
+from rltldr_jax.agent.rollout_files import load_rollouts
 from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.agent.writer_prompt import render_writer_prompt
 from rltldr_jax.config import base

@@ -127,7 +127,7 @@ def test_smoke_grid_writes_the_report(smoke_grid):
 
 
 def test_arms_insert_what_they_should(smoke_grid):
-    from rltldr_jax.agent.collector import load_rollouts
+    from rltldr_jax.agent.rollout_files import load_rollouts
     from rltldr_jax.envs import craft
 
     out, _, _ = smoke_grid

@@ -36,8 +36,8 @@ import numpy as np
 # ----------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------
-# The loader lives next to `save_phase` (the RL/SFT trainers read rollouts too); re-exported here.
-from rltldr_jax.agent.collector import PHASE_GLOB, RolloutRecord, load_rollouts, record_from_json, rollouts_dir  # noqa: E402,F401
+# The records are read by `rltldr_jax.agent.rollout_files.load_rollouts` (the RL/SFT trainers read rollouts too).
+from rltldr_jax.agent.rollout_files import RolloutRecord  # noqa: E402
 
 
 def phase_split(records: Sequence[RolloutRecord]) -> float:

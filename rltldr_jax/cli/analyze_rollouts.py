@@ -137,6 +137,7 @@ def main(argv: list[str]) -> int:
     from rltldr_jax.cli.common import quiet_logging
 
     quiet_logging()  # orbax logs every checkpoint lookup at INFO through absl
+    from rltldr_jax.agent.rollout_files import load_rollouts, rollouts_dir
     from rltldr_jax.analysis import rollouts as ro
 
     out = _OUT.value or os.path.join(_RUN.value, "analysis")
@@ -144,11 +145,11 @@ def main(argv: list[str]) -> int:
         [_ANALYSIS.value] if _ANALYSIS.value != "all" else [*ANALYSES[:3], *(["reliance"] if _CHECKPOINT.value else [])]
     )
     try:
-        records = ro.load_rollouts(_RUN.value)
+        records = load_rollouts(_RUN.value)
     except (FileNotFoundError, ValueError) as e:
         print(f"analyze_rollouts: error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(records)} attempts in {len({r.phase for r in records})} phases from {ro.rollouts_dir(_RUN.value)}")
+    print(f"{len(records)} attempts in {len({r.phase for r in records})} phases from {rollouts_dir(_RUN.value)}")
     written: list[str] = []
     failed: list[str] = []
     for name in wanted:

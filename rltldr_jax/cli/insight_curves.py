@@ -96,8 +96,8 @@ def main(argv: list[str]) -> None:
     quiet_logging()
     use_compile_cache(config.compile.cache_dir)
     config = with_pretrained(config)
-    from rltldr_jax.agent.collector import save_phase
     from rltldr_jax.agent.insight import InsightWriter
+    from rltldr_jax.agent.rollout_files import save_phase
     from rltldr_jax.analysis import insight_curves as ic
     from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine, teacher_engine
     from rltldr_jax.tokenization import context_builder, load_tokenizer

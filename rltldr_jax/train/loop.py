@@ -58,9 +58,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult, save_phase
+from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.insight import InsightWriter
+from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
 from rltldr_jax.engines.engine import OnMainProcess

@@ -26,7 +26,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from rltldr_jax.agent.collector import RolloutRecord, load_rollouts
+from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.sharding import MeshConfig, from_main_process
@@ -71,7 +71,7 @@ def sft_examples(
     """The Table 2 training set from saved rollouts (see the module docstring).
 
     Args:
-      records: the run's saved attempts (`agent.collector.load_rollouts`).
+      records: the run's saved attempts (`agent.rollout_files.load_rollouts`).
       data: "rollouts" | "insights".
       num_rollouts: for "rollouts", use this many successful attempts (seeded sample); 0 = all.
       deduplicate: for "insights", one example per unique (task, insight).
