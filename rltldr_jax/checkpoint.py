@@ -57,7 +57,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from rltldr_jax import sharding
+from rltldr_jax import distributed
 from rltldr_jax.mismatch import mismatch_problems
 from rltldr_jax.models.config import Qwen35Config
 from rltldr_jax.models.hf import ALLOW_NONFINITE_HINT, CorruptCheckpointError
@@ -479,7 +479,7 @@ class Checkpointer:
         Multi-process: process 0's view decides whether the save is still running, and a failure on any process
         is raised on all."""
         step = self._pending
-        if step is None or (not wait and sharding.broadcast_object(self.saving())):
+        if step is None or (not wait and distributed.broadcast_object(self.saving())):
             return
         self._pending = None
         try:
@@ -487,10 +487,10 @@ class Checkpointer:
             reason = None
         except Exception as e:  # orbax re-raises the background thread's error (OSError, TensorStore errors, ...)
             reason = error_reason(e)
-        sharding.barrier(f"rltldr_checkpoint_{step}_written")  # process 0 has finalised it too
+        distributed.barrier(f"rltldr_checkpoint_{step}_written")  # process 0 has finalised it too
         if reason is None and not self._complete(step):
             reason = "it is incomplete on disk"
-        reason = next((r for r in sharding.gather_objects(reason) if r is not None), None)
+        reason = next((r for r in distributed.gather_objects(reason) if r is not None), None)
         if reason is not None:
             self._remove_partial(step)
             raise CheckpointSaveError(self._save_failed(step, reason))
@@ -505,7 +505,7 @@ class Checkpointer:
     def _remove_partial(self, step: int) -> None:
         """Removes what a failed save of `step` left: orbax's temporary directories `{step}.orbax-checkpoint-tmp*`
         (process 0 does, in a multi-process job)."""
-        if not sharding.is_main_process():
+        if not distributed.is_main_process():
             return
         for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
             for _ in range(50):  # writes of the failed save may still be finishing in orbax's threads
@@ -561,7 +561,7 @@ class Checkpointer:
         if step in self._manager.all_steps():
             raise ValueError(f"a checkpoint for step {step} already exists in {os.fspath(self.directory)!r}")
         need = int(tree_bytes(params, opt_state) * (1 + SPACE_MARGIN)) + SPACE_SLACK_BYTES
-        free = sharding.broadcast_object(free_bytes(self.directory))  # process 0's filesystem decides for all
+        free = distributed.broadcast_object(free_bytes(self.directory))  # process 0's filesystem decides for all
         if free is not None and free < need:
             raise CheckpointSaveError(
                 f"not enough free space to save checkpoint step {step} in {os.fspath(self.directory)!r}: "

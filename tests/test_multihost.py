@@ -1,4 +1,4 @@
-"""Two CPU processes × 4 fake devices joined by `sharding.initialize_distributed` (a local coordinator) against one
+"""Two CPU processes × 4 fake devices joined by `distributed.initialize_distributed` (a local coordinator) against one
 process × 8 fake devices: the same train step, a checkpoint the pair saves and one process restores, and the
 multi-process rules of the workdir, the event files, metrics.jsonl and `from_main_process`.
 
@@ -51,12 +51,12 @@ def _flat(tree: Any) -> dict[str, np.ndarray]:
 def _worker(role: str, out: str, port: str | None) -> None:
     import jax
 
-    from rltldr_jax import sharding
+    from rltldr_jax import distributed, sharding
 
     if port is None:  # the pair's process 0 and the single process: whatever the environment says
-        joined = sharding.initialize_distributed()
+        joined = distributed.initialize_distributed()
     else:  # the pair's process 1: explicit arguments, as the launchers' flags pass them
-        joined = sharding.initialize_distributed(f"localhost:{port}", 2, 1)
+        joined = distributed.initialize_distributed(f"localhost:{port}", 2, 1)
     import optax
     from flax import nnx
 
@@ -109,9 +109,12 @@ def _worker(role: str, out: str, port: str | None) -> None:
             )
             ckpt.wait_until_finished()
             restored = ckpt.restore(1, abstract_params=abstract_params, abstract_opt_state=abstract_opt)
-        got, want = _flat(sharding.host_local(restored.params)), _flat(sharding.host_local(update.params))
+        got, want = _flat(distributed.host_local(restored.params)), _flat(distributed.host_local(update.params))
         result["pair_restore_max_diff"] = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
-        got_o, want_o = _flat(sharding.host_local(restored.opt_state)), _flat(sharding.host_local(update.opt_state))
+        got_o, want_o = (
+            _flat(distributed.host_local(restored.opt_state)),
+            _flat(distributed.host_local(update.opt_state)),
+        )
         result["pair_restore_opt_max_diff"] = max(float(np.max(np.abs(got_o[k] - want_o[k]))) for k in want_o)
         result["pair_restore_rng"] = np.asarray(jax.random.key_data(restored.rng)).tolist()
         result |= _workdir_rules(os.path.join(out, "run"))
@@ -123,7 +126,7 @@ def _workdir_rules(workdir: str) -> dict[str, Any]:
     """The claim, the outputs and the collectives of a multi-process run, as each process sees them."""
     import jax
 
-    from rltldr_jax import sharding
+    from rltldr_jax import distributed
     from rltldr_jax.train.report import MetricsLog
     from rltldr_jax.train.resume import LOCK, claim_workdir, move_aside
     from rltldr_jax.train.summary import SummaryWriter
@@ -135,10 +138,10 @@ def _workdir_rules(workdir: str) -> dict[str, Any]:
     summary.scalars({"x": 1.0}, 3, tokens=5, walltime=1.0)
     summary.close()
     MetricsLog(os.path.join(workdir, "metrics.jsonl"), keep_through_phase=0).write("phase", 1, 3, {"x": 1.0})
-    sharding.barrier("outputs written")
+    distributed.barrier("outputs written")
     with open(os.path.join(workdir, LOCK), encoding="utf-8") as f:
         r["lock_file"] = f.read().strip()
-    sharding.barrier("lock file read")  # (process 0's second claim below rewrites the file: read it first on both)
+    distributed.barrier("lock file read")  # (process 0's second claim below rewrites the file: read it first on both)
     r["event_files"] = sorted(
         os.path.relpath(os.path.join(d, n), workdir)
         for d, _, files in os.walk(os.path.join(workdir, "tb"))
@@ -153,18 +156,18 @@ def _workdir_rules(workdir: str) -> dict[str, Any]:
     except ValueError as e:
         r["second_claim"] = type(e).__name__
     r["moved_to"] = move_aside(workdir, [os.path.join(workdir, "metrics.jsonl")], "test")
-    r["from_main"] = sharding.from_main_process(lambda: {"process": jax.process_index(), "pid": os.getpid()})
+    r["from_main"] = distributed.from_main_process(lambda: {"process": jax.process_index(), "pid": os.getpid()})
     try:
-        sharding.from_main_process(lambda: int("not a number on process 0"))
+        distributed.from_main_process(lambda: int("not a number on process 0"))
         r["main_error"] = None
     except ValueError as e:
         r["main_error"] = str(e)
     try:
-        sharding.from_main_process(threading.Lock)  # a result that cannot be sent
+        distributed.from_main_process(threading.Lock)  # a result that cannot be sent
         r["unpicklable"] = None
     except RuntimeError as e:
         r["unpicklable"] = str(e).split(" (")[0]
-    r["gathered"] = sharding.gather_objects(("process", jax.process_index()))
+    r["gathered"] = distributed.gather_objects(("process", jax.process_index()))
     r["pid"] = os.getpid()
     return r
 

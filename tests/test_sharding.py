@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rltldr_jax import sharding
+from rltldr_jax import distributed, sharding
 from rltldr_jax.engines.engine import OnMainProcess
 from rltldr_jax.models import ModelSpec, get_preset
 
@@ -73,14 +73,14 @@ def test_sharded_train_step_matches_single_device():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Multi-host start-up (the two-process runs are tests/test_multihost.py)
+# Multi-host start-up, `rltldr_jax.distributed` (the two-process runs are tests/test_multihost.py)
 # ----------------------------------------------------------------------------------------------------
 
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
 
 
 def test_distributed_plan_from_flags_environment_and_clusters():
-    plan, Plan = sharding.distributed_plan, sharding.DistributedPlan
+    plan, Plan = distributed.distributed_plan, distributed.DistributedPlan
     assert plan(env={}) is None  # a plain machine: runs alone, no error
     assert plan(env=SLURM | {"SLURM_NTASKS": "1"}) is None  # a single-task SLURM job (sbatch without srun)
     assert plan(env={"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4"}) is None  # no step: JAX could not detect it
@@ -114,7 +114,7 @@ def test_distributed_plan_from_flags_environment_and_clusters():
 )
 def test_distributed_plan_errors_name_the_fix(kwargs, env, message):
     with pytest.raises(ValueError, match=message):
-        sharding.distributed_plan(**kwargs, env=env)
+        distributed.distributed_plan(**kwargs, env=env)
 
 
 def test_single_process_helpers_are_identities(monkeypatch):
@@ -129,16 +129,16 @@ def test_single_process_helpers_are_identities(monkeypatch):
         "TPU_WORKER_HOSTNAMES",
     ):
         monkeypatch.delenv(key, raising=False)
-    assert sharding.initialize_distributed() is False and jax.process_count() == 1
-    assert sharding.is_main_process()
+    assert distributed.initialize_distributed() is False and jax.process_count() == 1
+    assert distributed.is_main_process()
     obj = {"a": [1, 2]}
-    assert sharding.broadcast_object(obj) is obj and sharding.gather_objects(obj) == [obj]
-    assert sharding.from_main_process(lambda: 41 + 1) == 42
+    assert distributed.broadcast_object(obj) is obj and distributed.gather_objects(obj) == [obj]
+    assert distributed.from_main_process(lambda: 41 + 1) == 42
     with pytest.raises(KeyError, match="only here"):
-        sharding.from_main_process(lambda: {}["only here"])
+        distributed.from_main_process(lambda: {}["only here"])
     batch = {"ids": np.zeros((2, 4), np.int32)}
-    assert sharding.global_batch(batch, None) is batch and sharding.host_local(batch) is batch
-    sharding.barrier("nothing to wait for")
+    assert distributed.global_batch(batch, None) is batch and distributed.host_local(batch) is batch
+    distributed.barrier("nothing to wait for")
 
 
 def test_the_engine_stand_in_of_other_processes():

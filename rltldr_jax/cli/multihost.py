@@ -9,7 +9,7 @@ job, quiet followers, and the base policy every process must find.
     # other clusters JAX knows (Kubernetes, mpi4py): --distributed=on
 
 A single process with none of these runs alone, as before. The rules of a multi-process run (who collects,
-writes, checkpoints) are in rltldr_jax/sharding.py.
+writes, checkpoints) are in rltldr_jax/distributed.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _PROCESS_ID = flags.DEFINE_integer(
 _MODE = flags.DEFINE_enum(
     "distributed",
     "auto",
-    ["auto", "on", "off"],  # sharding.DISTRIBUTED_MODES (JAX is imported later, not here)
+    ["auto", "on", "off"],  # distributed.DISTRIBUTED_MODES (JAX is imported later, not here)
     "auto: join the job the flags, environment or a detected cluster (SLURM, Open MPI, Cloud TPU) describe, else run "
     "alone; on: always call jax.distributed.initialize (JAX detects the rest); off: run alone.",
 )
@@ -51,10 +51,10 @@ def start_distributed() -> bool:
     """Joins the multi-process job the flags describe (before any other JAX call; after `quiet_logging`); returns
     whether there is one. Processes other than 0 then log errors only (they run the same steps as process 0, whose
     lines and warnings speak for all). A wrong description exits with its message."""
-    from rltldr_jax import sharding
+    from rltldr_jax import distributed
 
     try:
-        joined = sharding.initialize_distributed(
+        joined = distributed.initialize_distributed(
             _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, mode=_MODE.value
         )
     except ValueError as e:
@@ -62,7 +62,7 @@ def start_distributed() -> bool:
     if joined:
         import jax
 
-        if not sharding.is_main_process():
+        if not distributed.is_main_process():
             logging.getLogger("rltldr_jax").setLevel(logging.ERROR)
         log.info(
             "multi-host job: %d processes, %d devices (%d here)",
@@ -75,9 +75,9 @@ def start_distributed() -> bool:
 
 def show_progress() -> bool:
     """Progress bars: on a terminal, from process 0 only."""
-    from rltldr_jax import sharding
+    from rltldr_jax import distributed
 
-    return sys.stderr.isatty() and sharding.is_main_process()
+    return sys.stderr.isatty() and distributed.is_main_process()
 
 
 def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -86,7 +86,7 @@ def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     missing one exits on every process saying so."""
     import jax
 
-    from rltldr_jax import sharding
+    from rltldr_jax import distributed
     from rltldr_jax.cli.common import with_pretrained
 
     if jax.process_count() == 1 or config.pretrain.steps <= 0 or config.model.checkpoint:
@@ -94,7 +94,7 @@ def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     from rltldr_jax.train.pretrain import find_pretrained, pretrained_dir
 
     found = find_pretrained(config)
-    missing = [i for i, path in enumerate(sharding.gather_objects(found)) if path is None]
+    missing = [i for i, path in enumerate(distributed.gather_objects(found)) if path is None]
     if missing:
         sys.exit(
             f"error: the base policy of this config is not pretrained yet ({pretrained_dir(config)} is missing on "

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --config.pretrain.steps=500")
     config = resolve_config(_CONFIG, _ABLATION)
-    from rltldr_jax.sharding import distributed_plan
+    from rltldr_jax.distributed import distributed_plan
 
     try:
         plan = distributed_plan()

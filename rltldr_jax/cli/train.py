@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
     start_distributed()  # before any other JAX call; a single process without flags runs alone
     config = base_policy(config)
     from rltldr_jax.checkpoint import CheckpointSaveError
-    from rltldr_jax.sharding import is_main_process
+    from rltldr_jax.distributed import is_main_process
     from rltldr_jax.train.loop import Trainer
     from rltldr_jax.train.report import run_summary
     from rltldr_jax.train.step import NonFiniteError

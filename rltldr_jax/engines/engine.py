@@ -175,7 +175,7 @@ class GenerationEngine(abc.ABC):
 
 class OnMainProcess(GenerationEngine):
     """Stands in, on processes other than 0, for a generation engine that only process 0 holds (the collector and
-    the evaluation run there: the multi-host rules of `rltldr_jax.sharding`). Weight pushes, `ensure_weights` and
+    the evaluation run there: the multi-host rules of `rltldr_jax.distributed`). Weight pushes, `ensure_weights` and
     `close` do nothing (the defaults of `GenerationEngine`); generating, and any member a backend adds, raises."""
 
     def __init__(self, what: str):
@@ -186,7 +186,7 @@ class OnMainProcess(GenerationEngine):
 
         return AttributeError(
             f"{self.what} lives on process 0 of this multi-process job (process {jax.process_index()} has none): "
-            "generate inside sharding.from_main_process(...)"
+            "generate inside distributed.from_main_process(...)"
         )
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

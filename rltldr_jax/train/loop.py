@@ -21,9 +21,9 @@ and appends every metric to `{workdir}/metrics.jsonl`. An optimizer step with a 
 is skipped (train_step), warned about, and counted (`update/skipped_nonfinite`); `train.max_nonfinite_skips` in a
 row stop the run with NonFiniteError before the next checkpoint.
 
-In a multi-process job (one process per host, `sharding.initialize_distributed`) every process runs the same
+In a multi-process job (one process per host, `distributed.initialize_distributed`) every process runs the same
 loop on the same global batches: process 0 alone holds the engines, collects, evaluates and writes events,
-metrics and rollouts; what it collected or measured is broadcast (`sharding.from_main_process`).
+metrics and rollouts; what it collected or measured is broadcast (`distributed.from_main_process`).
 
 Overlapped phases (`train.overlap_phases`, not in the paper; `run()` only, `run_phase()` always collects first):
 phase n + 1 is collected in a background thread (`Collector.start`: its own asyncio loop) with the weights of
@@ -64,11 +64,12 @@ from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
+from rltldr_jax.distributed import from_main_process, gather_objects, is_main_process
 from rltldr_jax.engines.engine import OnMainProcess
 from rltldr_jax.engines.factory import EngineConfig, close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
-from rltldr_jax.sharding import MeshConfig, from_main_process, gather_objects, is_main_process
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import Example, ExampleConfig, length_buckets, pack, phase_examples
 from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate

@@ -22,7 +22,7 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 
-from rltldr_jax.sharding import is_main_process
+from rltldr_jax.distributed import is_main_process
 
 NAN = float("nan")
 

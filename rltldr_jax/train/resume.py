@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
-from rltldr_jax import sharding
+from rltldr_jax import distributed
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str] | Fol
       WorkdirError: the workdir cannot be created, locked or moved aside (the reason and the path in one line).
     """
     held: list[IO[str]] = []  # process 0's lock (the open file stays here: only the outcome is broadcast)
-    sharding.from_main_process(lambda: held.append(_claim(workdir, resume=resume, restart=restart)))
+    distributed.from_main_process(lambda: held.append(_claim(workdir, resume=resume, restart=restart)))
     if held:
         return held[0]
     os.makedirs(workdir, exist_ok=True)  # (a shared filesystem: process 0 made it already)
@@ -235,8 +235,8 @@ def move_aside(workdir: str, paths: Iterable[str], why: str) -> str | None:
     moved), process 0 moves its `paths` and every process returns its result.
     """
     paths = list(paths)
-    sharding.barrier("rltldr_move_aside")
-    return sharding.from_main_process(lambda: _move_aside(workdir, paths, why))
+    distributed.barrier("rltldr_move_aside")
+    return distributed.from_main_process(lambda: _move_aside(workdir, paths, why))
 
 
 def _move_aside(workdir: str, paths: list[str], why: str) -> str | None:

@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rltldr_jax import sharding
+from rltldr_jax import distributed, sharding
 from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
@@ -129,7 +129,7 @@ class ShardedUpdate:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         # The coefficients are arguments (float32 scalars, replicated), not constants: one compiled step serves every
         # λ / grpo_coef / clip_eps / writer_sft_coef, so the arms of a grid share it (through the compilation cache).
-        self._coefs = sharding.global_batch(loss_cfg.traced(), replicated)
+        self._coefs = distributed.global_batch(loss_cfg.traced(), replicated)
         self._step = jax.jit(
             functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx),
             in_shardings=(p_sh, o_sh, b_sh, replicated),
@@ -144,7 +144,8 @@ class ShardedUpdate:
         process (read from the compilation cache when an earlier process compiled it): `batching.pack` pads T to a
         few bucket lengths for that reason.
         """
-        batch = sharding.global_batch(batch, self._batch_sharding)  # multi-process: every process holds the same batch
+        # multi-process: every process holds the same batch
+        batch = distributed.global_batch(batch, self._batch_sharding)
         with sharding.activate(self.mesh):
             self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch, self._coefs)
         return metrics
@@ -158,5 +159,5 @@ class ShardedUpdate:
 
     def model(self) -> Any:
         """The current policy as a module (shares the arrays). In a multi-process job: a whole copy on this process's
-        first device, gathered from every process (`sharding.host_local`, a collective: every process calls it)."""
-        return nnx.merge(self.graphdef, sharding.host_local(self.params))
+        first device, gathered from every process (`distributed.host_local`, a collective: every process calls it)."""
+        return nnx.merge(self.graphdef, distributed.host_local(self.params))

@@ -28,8 +28,9 @@ import numpy as np
 
 from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
 from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.distributed import from_main_process
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
-from rltldr_jax.sharding import MeshConfig, from_main_process
+from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate

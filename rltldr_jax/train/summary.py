@@ -8,7 +8,7 @@ import time
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from rltldr_jax.sharding import is_main_process
+from rltldr_jax.distributed import is_main_process
 
 #: (subdirectory of the log directory, tag prefix) of each x-axis: environment steps (the paper's), generated
 #: tokens, walltime seconds.
