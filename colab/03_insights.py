@@ -182,7 +182,7 @@ print_table(
 # %% [markdown]
 # ## 2. What the policy saw, and what L_SFT trained
 #
-# An attempt with insights in context, rebuilt as a training example (`train.batching.attempt_examples`): the task,
+# An attempt with insights in context, rebuilt as a training example (`agent.step_examples.attempt_examples`): the task,
 # then each insight as a user message, then the policy's think block and action. The **action mask** marks the
 # tokens L_GRPO trains (the sampled action, without forced tokens); the **insight mask** marks the tokens L_SFT
 # trains: the insight sentences, which sit right after the task, so their NLL is conditioned on the task (and earlier
@@ -191,7 +191,7 @@ print_table(
 # %%
 import numpy as np
 
-from rltldr_jax.train.batching import attempt_examples
+from rltldr_jax.agent.step_examples import attempt_examples
 
 
 def marked(example):

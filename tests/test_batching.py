@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from rltldr_jax.agent.episode import Attempt, StepRecord, task_text
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.envs import Task, Verdict
 from rltldr_jax.tokenization import Insight
 from rltldr_jax.train.batching import (
-    Example,
     ExampleConfig,
     length_buckets,
     length_buckets_error,

@@ -14,10 +14,11 @@ from flax import nnx
 from helpers import tiny_config, tiny_run_config
 
 from examples.entropy_bonus import entropy_bonus
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.config import base
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, TermInputs, combine
 from rltldr_jax.models import ModelSpec, get_preset
-from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
 

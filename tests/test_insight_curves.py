@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
+from rltldr_jax.agent.eval_set import eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.analysis import insight_curves as ic
 from rltldr_jax.envs import make_env
 from rltldr_jax.metrics import AttemptRecord
-from rltldr_jax.train.evaluation import eval_tasks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

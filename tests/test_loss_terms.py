@@ -15,8 +15,9 @@ from legacy_step import LegacyBatch
 from legacy_step import train_step as legacy_train_step
 
 from rltldr_jax import loss_terms
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.models import ModelSpec, get_preset
-from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.batching import pack
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
 
 

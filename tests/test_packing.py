@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.models.gated_delta import chunk_gated_delta_rule
 from rltldr_jax.models.qwen3_5 import segment_positions, sequence_logprobs, unroll, with_attention_impl
-from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.batching import pack
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
 
 # Sequence boundaries of the packed rows: a 1-token sequence, one across a 64-token chunk boundary, one that ends

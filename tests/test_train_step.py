@@ -14,9 +14,10 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.sharding import MeshConfig
-from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import UpdateConfig, update_phase
 from rltldr_jax.train.report import phase_line
 from rltldr_jax.train.setup import ShardedUpdate

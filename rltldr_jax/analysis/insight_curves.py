@@ -46,6 +46,7 @@ import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
@@ -53,7 +54,6 @@ from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task, TaskSource
 from rltldr_jax.metrics import AttemptRecord, insight_pass_at_k_curve, pass_at_k
 from rltldr_jax.tokenization import ContextBuilder
-from rltldr_jax.train.evaluation import attempt_records, eval_tasks
 
 MODES = ("iid", "latest", "sequential")
 MODE_LABELS = {"iid": "i.i.d. (no insight)", "latest": "latest insight", "sequential": "sequential insights"}

@@ -7,7 +7,7 @@ context:
 
     ρ(τ) = Σ_steps Σ_action tokens [log π(a_t | context with the insights) − log π(a_t | context without)] / n
 
-where each step's context is rebuilt exactly as for training (`train.batching.attempt_examples`: the task, the
+where each step's context is rebuilt exactly as for training (`agent.step_examples.attempt_examples`: the task, the
 insight messages, the earlier steps without think traces, then the step's think + action), "without" drops only
 the insight messages, the action tokens are those the policy sampled in the step (forced `</think>` excluded;
 the same `action_mask` as the GRPO loss) and n is their count over all steps. The log-probs are teacher-forced
@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rltldr_jax.agent.step_examples import attempt_examples
 from rltldr_jax.analysis.rollouts import (
     RolloutRecord,
     new_figure,
@@ -46,7 +47,6 @@ from rltldr_jax.analysis.rollouts import (
 )
 from rltldr_jax.models import Qwen35, sequence_logprobs
 from rltldr_jax.tokenization import ContextBuilder
-from rltldr_jax.train.batching import attempt_examples
 
 Policy = Qwen35 | Callable[[int], Qwen35 | None]
 

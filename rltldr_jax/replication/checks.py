@@ -20,12 +20,13 @@ import copy
 
 import ml_collections
 
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.analysis.insight_curves import CurveResult, curve_tasks, insight_curves
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.metrics import insight_advantage
 from rltldr_jax.tokenization import context_builder
-from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate, policy_for_eval
+from rltldr_jax.train.evaluation import evaluate, policy_for_eval
 from rltldr_jax.train.setup import env_maker, policy_tokenizer
 
 

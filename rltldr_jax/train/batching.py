@@ -12,6 +12,7 @@ Filters (A.3.2): groups whose advantages are all zero, then positive-ratio filte
 attempts take their SFT signal with them (L_SFT rides on the GRPO examples, "without increasing runtime"), except
 with `ExampleConfig.keep_filtered_as_sft` (`loss.sft_on_filtered`, and always when the GRPO term is off: the "no
 GRPO" ablation), where insight-conditioned attempts stay in as SFT-only examples (advantage 0, empty action mask).
+An attempt's per-step examples themselves (`Example`, `attempt_examples`) are built in `agent.step_examples`.
 
 How insight-conditioned attempts enter the update (`loss.insight_rollouts`, Table 1 / Table 9) is a rollout mode:
 a small class with its advantages and its examples (`InContext`, `OffPolicy`, `SelfDistill`: see their
@@ -26,7 +27,7 @@ insight writer's own context (A.1 prompt with the failed rollout and report), π
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 import jax.numpy as jnp
@@ -35,91 +36,17 @@ import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
 from rltldr_jax.agent.insight import WriterOutput
+from rltldr_jax.agent.step_examples import Example, attempt_examples
 from rltldr_jax.envs.base import Task
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
-from rltldr_jax.tokenization import ContextBuilder, Insight, Step
+from rltldr_jax.tokenization import ContextBuilder, Insight
 from rltldr_jax.train.step import BASE_MASKS, TrainBatch
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    """One step of one attempt (or one writer context), ready for the loss. Arrays are [T].
-
-    `writer_mask` marks insight-generator SFT targets (None: none); `detach_ratio` trains the action tokens
-    without importance ratio (RLTF-SD); `step` is -1 for SFT-only prefix and writer examples. `extra_masks` holds the
-    [T] masks of registered loss terms beyond the built-in three, by `TrainBatch.masks` name (`loss_terms`).
-    """
-
-    ids: np.ndarray
-    old_logprobs: np.ndarray
-    action_mask: np.ndarray
-    insight_mask: np.ndarray
-    advantage: float
-    task_id: str
-    attempt: int
-    step: int
-    writer_mask: np.ndarray | None = None
-    detach_ratio: bool = False
-    extra_masks: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @property
-    def masks(self) -> dict[str, np.ndarray]:
-        """Every [T] mask of the example by `TrainBatch.masks` name ("writer" only when it has one)."""
-        masks = {"action": self.action_mask, "insight": self.insight_mask}
-        if self.writer_mask is not None:
-            masks["writer"] = self.writer_mask
-        return {**masks, **self.extra_masks}
 
 
 def _mask_names(examples: Sequence[Example]) -> tuple[str, ...]:
     """The masks of a batch of `examples`: the built-in three (`BASE_MASKS`, always), then any extra ones, sorted."""
     extra = sorted({k for e in examples for k in e.extra_masks} - set(BASE_MASKS))
     return (*BASE_MASKS, *extra)
-
-
-def attempt_examples(
-    attempt: Attempt,
-    advantage: float,
-    builder: ContextBuilder,
-    *,
-    train_actions: bool = True,
-    with_insights: bool = True,
-    detach_ratio: bool = False,
-) -> list[Example]:
-    """The examples of one attempt (one per step).
-
-    Args:
-      train_actions: False clears the action mask (SFT only).
-      with_insights: False rebuilds every step's context without the attempt's insights (off-policy / RLTF-SD);
-        the old logprobs stay those the engine sampled with.
-      detach_ratio: train the actions without importance ratio (RLTF-SD).
-    """
-    goal = task_text(attempt.task)
-    insights = attempt.insights if with_insights else ()
-    out = []
-    for k, step in enumerate(attempt.steps):
-        earlier = [s.as_step() for s in attempt.steps[:k]]
-        ctx = builder.build(goal, insights, earlier, Step(step.action_ids, None, step.forced))
-        old = np.zeros(len(ctx), np.float32)
-        old[ctx.prompt_length :] = step.logprobs
-        action = ctx.action_mask if train_actions else np.zeros(len(ctx), bool)
-        out.append(
-            Example(
-                ctx.ids,
-                old,
-                action,
-                ctx.insight_mask,
-                float(advantage),
-                attempt.task.task_id,
-                attempt.index,
-                k,
-                detach_ratio=detach_ratio,
-            )
-        )
-    return out
 
 
 def insight_prefix_example(

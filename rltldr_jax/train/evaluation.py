@@ -5,7 +5,8 @@
 
 Every task gets exactly `eval.attempts_per_task` attempts (the collector's exact mode: an evaluation must not
 give easy tasks more samples), with the insight schedule "never" and no insight writer, so the policy one-shots
-every attempt as at test time. Pass@k is the unbiased estimator averaged over tasks (metrics.py).
+every attempt as at test time. Pass@k is the unbiased estimator averaged over tasks (metrics.py). The tasks
+(`eval_tasks`) and the metrics' view of the attempts (`attempt_records`) are `agent.eval_set`.
 """
 
 from __future__ import annotations
@@ -23,33 +24,12 @@ import ml_collections
 
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
-from rltldr_jax.envs import Env, Task, TaskSource, load_tasks
-from rltldr_jax.metrics import AttemptRecord, summarize
+from rltldr_jax.envs import Env, Task
+from rltldr_jax.metrics import summarize
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer, context_builder, load_tokenizer
-
-
-def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
-    """The metrics' view of a phase's attempts."""
-    return [
-        AttemptRecord(a.task.task_id, a.index, a.success, bool(a.insights), a.env_steps, a.generated_tokens)
-        for a in result.attempts
-    ]
-
-
-def eval_tasks(config: ml_collections.ConfigDict, *, on_train_split: bool = False) -> list[Task]:
-    """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
-    `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""
-    split, n = (
-        (config.env.train_split, config.eval.train_num_tasks)
-        if on_train_split
-        else (config.env.eval_split, config.eval.num_tasks)
-    )
-    tasks = load_tasks(config.env.name, split, seed=config.env.seed)
-    if n:
-        tasks = TaskSource(tasks, seed=config.seed).take(min(n, len(tasks)))
-    return list(tasks)
 
 
 def evaluate(

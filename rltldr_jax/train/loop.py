@@ -60,9 +60,11 @@ import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
 from rltldr_jax.distributed import from_main_process, gather_objects, is_main_process
 from rltldr_jax.engines.engine import OnMainProcess
@@ -71,8 +73,8 @@ from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import context_builder
-from rltldr_jax.train.batching import Example, ExampleConfig, length_buckets, pack, phase_examples
-from rltldr_jax.train.evaluation import attempt_records, eval_tasks, evaluate
+from rltldr_jax.train.batching import ExampleConfig, length_buckets, pack, phase_examples
+from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.resume import (
     check_config_changes,

@@ -41,12 +41,13 @@ import numpy as np
 import optax
 
 from rltldr_jax.agent.episode import task_text
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
-from rltldr_jax.train.batching import Example, pack
+from rltldr_jax.train.batching import pack
 from rltldr_jax.train.setup import ShardedUpdate
 from rltldr_jax.train.step import LossConfig
 

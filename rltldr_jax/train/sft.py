@@ -27,12 +27,13 @@ import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
+from rltldr_jax.agent.step_examples import Example, attempt_examples
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.distributed import from_main_process
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
-from rltldr_jax.train.batching import Example, attempt_examples, insight_prefix_example, length_buckets, pack
+from rltldr_jax.train.batching import insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of

@@ -26,9 +26,10 @@ def _count(event: str, **_: object) -> None:
 
 jax.monitoring.register_event_listener(_count)
 
+from rltldr_jax.agent.step_examples import Example  # noqa: E402
 from rltldr_jax.models import ModelSpec, get_preset  # noqa: E402
 from rltldr_jax.sharding import MeshConfig  # noqa: E402
-from rltldr_jax.train.batching import Example, pack  # noqa: E402
+from rltldr_jax.train.batching import pack  # noqa: E402
 from rltldr_jax.train.setup import ShardedUpdate  # noqa: E402
 from rltldr_jax.train.step import LossConfig, make_optimizer  # noqa: E402
 
