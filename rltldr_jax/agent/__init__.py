@@ -11,12 +11,12 @@ _EXPORTS = {
     "Attempt": "rltldr_jax.agent.episode",
     "Collector": "rltldr_jax.agent.collector",
     "EpisodeConfig": "rltldr_jax.agent.episode",
-    "FailedAttempt": "rltldr_jax.agent.insight",
+    "FailedAttempt": "rltldr_jax.agent.writer_prompt",
     "InsightSchedule": "rltldr_jax.agent.schedule",
     "InsightWriter": "rltldr_jax.agent.insight",
     "PhaseResult": "rltldr_jax.agent.collector",
-    "RolloutRecord": "rltldr_jax.agent.collector",
-    "load_rollouts": "rltldr_jax.agent.collector",
+    "RolloutRecord": "rltldr_jax.agent.rollout_files",
+    "load_rollouts": "rltldr_jax.agent.rollout_files",
     "run_attempt": "rltldr_jax.agent.episode",
 }
 __all__ = sorted(_EXPORTS)
