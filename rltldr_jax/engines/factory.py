@@ -19,7 +19,6 @@ registered then. A builder is called as `builder(settings, model, workdir=..., v
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ from flax import nnx
 
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
+from rltldr_jax.user_modules import import_user_module
 
 
 class EngineBuilder(Protocol):
@@ -97,7 +97,7 @@ def resolve_engine(kind: Any) -> EngineBuilder:
         if not module or not registered:
             raise ValueError(f"kind={kind!r}: write package.module:name")
         try:
-            importlib.import_module(module)
+            import_user_module(module)
         except ImportError as e:
             raise ValueError(f"kind={kind!r}: cannot import {module} ({type(e).__name__}: {e})") from None
         if registered not in ENGINES:

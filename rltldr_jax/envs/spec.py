@@ -25,6 +25,7 @@ import numpy as np
 
 from rltldr_jax.envs.base import Env, Task
 from rltldr_jax.envs.sandbox import SandboxLimits
+from rltldr_jax.user_modules import import_user_module
 
 #: (rng) -> (task, insights in context as (text, number of the failed attempt it names), the demonstrated action
 #: text, whether the insights are targets too): one pretraining demonstration.
@@ -130,7 +131,7 @@ def _from_path(path: str) -> EnvSpec:
     if not module_name or not attr or ":" in attr:
         raise ValueError(f"env.name={path!r} is not of the form package.module:SPEC; {fix}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ImportError as e:
         raise ValueError(
             f"env.name={path!r}: cannot import module {module_name!r} ({e}); {fix} (run from the directory that "
