@@ -10,7 +10,7 @@ objective (§3), which becomes
 so a positive `loss.entropy_coef` pushes the policy's entropy up. The coefficient is traced like λ: every value runs
 the same compiled step. Its metric is `update/entropy_bonus` (the mean of −H over the action tokens).
 
-Train with it (from the repository root; the module registers the term, then runs launch/train.py):
+Train with it (from the repository root; the module registers the term, then runs the training launcher):
 
     python -m examples.entropy_bonus --config=configs/sapi.py:tiny \\
         --config.loss.terms=grpo,insight_sft,writer_sft,entropy_bonus --config.loss.entropy_coef=0.01
@@ -44,9 +44,7 @@ ENTROPY_BONUS = register_loss_term(
 )
 
 
-if __name__ == "__main__":
-    from absl import app
+if __name__ == "__main__":  # the training launcher, with this term registered
+    from rltldr_jax.cli.train import run
 
-    from launch import train
-
-    app.run(train.main)
+    run()

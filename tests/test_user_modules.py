@@ -35,16 +35,19 @@ def test_a_package_in_the_current_directory_is_found_and_the_search_path_left_al
 
 
 def test_the_launcher_finds_the_examples_from_the_repository_root_without_pythonpath():
-    """`python launch/train.py` starts Python's search path at launch/, not at the current directory."""
+    """`python launch/train.py` starts Python's search path at launch/, not at the current directory; the loss-term
+    example runs the launcher itself (`python -m`)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    for flag in ("--config.env.name=examples.my_env:SPEC", "--config.engine.kind=examples.scripted_engine:scripted"):
+    train = [sys.executable, "launch/train.py", "--config=configs/sapi.py:tiny"]
+    commands = [
+        [*train, "--config.env.name=examples.my_env:SPEC"],
+        [*train, "--config.engine.kind=examples.scripted_engine:scripted"],
+        [sys.executable, "-m", "examples.entropy_bonus", "--config=configs/sapi.py:tiny"]
+        + ["--config.loss.terms=grpo,insight_sft,writer_sft,entropy_bonus", "--config.loss.entropy_coef=0.01"],
+    ]
+    for command in commands:
         out = subprocess.run(
-            [sys.executable, "launch/train.py", "--config=configs/sapi.py:tiny", flag, "--dry_run"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+            [*command, "--dry_run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
         )
         assert out.returncode == 0, out.stderr[-2000:]
+    assert "entropy_coef: 0.01" in out.stdout
