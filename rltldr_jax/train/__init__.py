@@ -4,31 +4,22 @@ replication's base policies (pretrain.py), resuming, stopping and the run summar
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rltldr_jax.lazy_exports import lazy_exports
 
 # The main names, imported on first use (`from rltldr_jax.train import Trainer`): importing the package or one
 # of its modules does not import the others (the trainer pulls in the models, engines and environments).
-_EXPORTS = {
-    "NonFiniteError": "rltldr_jax.train.step",
-    "Trainer": "rltldr_jax.train.loop",
-    "build_policy": "rltldr_jax.train.setup",
-    "ensure_pretrained": "rltldr_jax.train.pretrain",
-    "evaluate_checkpoint": "rltldr_jax.train.evaluation",
-    "find_pretrained": "rltldr_jax.train.pretrain",
-    "phase_examples": "rltldr_jax.train.batching",
-    "pretrain": "rltldr_jax.train.pretrain",
-    "run_sft": "rltldr_jax.train.sft",
-    "run_summary": "rltldr_jax.train.report",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "NonFiniteError": "rltldr_jax.train.step",
+        "Trainer": "rltldr_jax.train.loop",
+        "build_policy": "rltldr_jax.train.setup",
+        "ensure_pretrained": "rltldr_jax.train.pretrain",
+        "evaluate_checkpoint": "rltldr_jax.train.evaluation",
+        "find_pretrained": "rltldr_jax.train.pretrain",
+        "phase_examples": "rltldr_jax.train.batching",
+        "pretrain": "rltldr_jax.train.pretrain",
+        "run_sft": "rltldr_jax.train.sft",
+        "run_summary": "rltldr_jax.train.report",
+    },
+)
