@@ -51,6 +51,7 @@ import jax
 
 from rltldr_jax.config import replicate
 from rltldr_jax.envs import TaskSource, load_tasks
+from rltldr_jax.settings import replace
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.pretrain import find_pretrained
 
@@ -117,8 +118,7 @@ def build_trainer(arm: str, overrides: dict[str, Any], *, smoke: bool, phases: i
             "no base policy for configs/replicate.py seed 0 (none cached, and the shipped one's key does not match): "
             "pretrain it with `python launch/pretrain.py --config=configs/replicate.py:quick`"
         )
-    config.model.checkpoint = checkpoint
-    return Trainer(config)
+    return Trainer(replace(config, {"model.checkpoint": checkpoint}))
 
 
 _BASE_POLICIES: dict[str, str | None] = {}

@@ -84,6 +84,7 @@ from rltldr_jax.models.qwen3_5 import (
     cudnn_causal_attention,
     resolve_attention_impl,
 )
+from rltldr_jax.settings import build, settings_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -408,7 +409,13 @@ def train_row(plan: Plan, device: jax.Device, preset: str, context: int, micro: 
         weight_decay=cfg.optim.weight_decay,
         grad_clip_norm=cfg.optim.grad_clip_norm,
     )
-    update = ShardedUpdate(MeshConfig.from_config(cfg), model, tx, LossConfig.from_config(cfg), micro_batch_size=micro)
+    update = ShardedUpdate(
+        build(MeshConfig, settings_of(cfg).mesh),
+        model,
+        tx,
+        LossConfig.of(settings_of(cfg).loss),
+        micro_batch_size=micro,
+    )
     del model
     batch = _train_batch(config, context, micro, accum, seed=1)
     n_dev = update.mesh.size

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import copy
 import functools
 import os
 import tempfile
@@ -242,6 +241,7 @@ def main() -> None:
     from rltldr_jax.config import replicate
     from rltldr_jax.replication.checks import base_checks
     from rltldr_jax.replication.driver import base_policy
+    from rltldr_jax.settings import replace
     from rltldr_jax.train.loop import Trainer
 
     tmp = tempfile.mkdtemp(prefix="rltldr_bench_replication_")
@@ -255,12 +255,11 @@ def main() -> None:
     if args.phases:
         overrides["train.env_step_budget"] = 64 * args.phases
     config = replicate.arm_config("quick", "rltldr", args.seed, overrides)
-    config.model.checkpoint = base_policy(config)
+    config = replace(config, {"model.checkpoint": base_policy(config)})
     profile = Profile()
     wall = time.perf_counter()
     if not args.no_checks:
-        c = copy.deepcopy(config)
-        c.workdir = os.path.join(tmp, "checks")
+        c = replace(config, {"workdir": os.path.join(tmp, "checks")})
         import rltldr_jax.replication.checks as checks_module
 
         make_engine = checks_module.policy_engine

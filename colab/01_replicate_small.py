@@ -178,13 +178,14 @@ show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
 # 16 + 48 tokens per attempt, rule-based insights (`insight.source="rule"`: the first failed requirement
 # turned into a sentence, since a random model cannot write one), and `loss.sft_on_filtered=True` (a random policy
 # never succeeds, so every group has zero advantage and only L_SFT can move it). Every key is documented in
-# `configs/base.py`; `base.override` sets dotted keys, `base.validate` checks ranges and combinations.
+# `rltldr_jax/settings.py`; `base.override` sets dotted keys, `base.validate` checks ranges and combinations.
 #
 # We also keep every checkpoint (`train.keep_checkpoints`), and below we save one before training (step 0): the
 # "original policy" that notebook 2 compares the trained one with.
 
 # %%
 from rltldr_jax.config import base, load
+from rltldr_jax.settings import settings_of, value_at
 
 config = load("configs/sapi.py:tiny")  # what --config=configs/sapi.py:tiny loads
 base.override(config, {"workdir": WORKDIR})
@@ -210,7 +211,7 @@ if TEST_MODE:  # seconds instead of minutes: one task per phase, two attempts, a
         },
     )
 base.override(config, {"train.keep_checkpoints": config.train.max_phases + 1})
-config = base.validate(config)
+config = settings_of(base.validate(config))  # the typed settings (rltldr_jax/settings.py) every part takes
 
 for key in (
     "model.preset",
@@ -228,7 +229,7 @@ for key in (
     "eval.num_tasks",
     "eval.attempts_per_task",
 ):
-    print(f"{key:28} {base.get(config, key)}")
+    print(f"{key:28} {value_at(config, key)}")
 
 # %% [markdown]
 # ### 2.2 Train
@@ -478,7 +479,7 @@ if RUN_QWEN:
     qwen_dir = snapshot_download(QWEN_HUB_ID, allow_patterns=["*.json", "*.safetensors", "*.txt"])
     qwen_config = load("configs/sapi.py:paper")
     base.override(qwen_config, {**QWEN_OVERRIDES, "model.checkpoint": qwen_dir})
-    qwen_config = base.validate(qwen_config)
+    qwen_config = settings_of(base.validate(qwen_config))
     if os.path.isdir(QWEN_WORKDIR):
         shutil.rmtree(QWEN_WORKDIR)
     qwen_trainer = Trainer(qwen_config, progress=True)

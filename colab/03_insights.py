@@ -146,9 +146,10 @@ from rltldr_jax.agent.rollout_files import load_rollouts
 from rltldr_jax.analysis import rollouts as ro
 from rltldr_jax.analysis.reliance import recorded_run_config
 from rltldr_jax.config import base
+from rltldr_jax.settings import settings_of
 from rltldr_jax.tokenization import context_builder, load_tokenizer
 
-config = base.validate(ml_collections.ConfigDict(recorded_run_config(CKPT_DIR)))
+config = settings_of(base.validate(ml_collections.ConfigDict(recorded_run_config(CKPT_DIR))))
 tokenizer = load_tokenizer(config.tokenizer or config.model.checkpoint or None)
 builder = context_builder(config, tokenizer)
 records = load_rollouts(WORKDIR)
@@ -304,11 +305,11 @@ MAX_K, NUM_TASKS = (2, 1) if TEST_MODE else (4, 4)
 CURVES = os.path.join(WORKDIR, "insight_curves")
 base_policy, what = load_policy(f"{CKPT_DIR}:{FIRST}")
 tasks = ic.curve_tasks(config, num_tasks=NUM_TASKS)  # from the training split, as in the paper
-engine_config = EngineConfig.from_config(config)
+engine_config = EngineConfig.of(config)
 engine = policy_engine(engine_config, base_policy, workdir=CURVES)
 teacher, teacher_tokenizer = teacher_engine(engine_config)
 try:
-    writer = InsightWriter.from_config(config, tokenizer, engine, teacher, teacher_tokenizer)
+    writer = InsightWriter.of(config, tokenizer, engine, teacher, teacher_tokenizer)
     curves = ic.insight_curves(
         engine,
         builder,

@@ -8,7 +8,7 @@ an engine's prefill chunk, a grid arm with another λ: the loss coefficients are
 from disk by every later process instead of being compiled again. Every program is written, however small or fast to
 compile (minimum compile time and entry size 0): a second run of the same command compiles nothing it compiled before.
 
-Where (`compile.cache_dir`, configs/base.py; `--compile_cache_dir` in serve.py):
+Where (`compile.cache_dir`; `--compile_cache_dir` in serve.py):
 - default (`default_cache_dir`): `$JAX_COMPILATION_CACHE_DIR` when set (JAX's own variable: the tests point the
   processes they start at their cache this way), else `$XDG_CACHE_HOME/rltldr_jax/xla`, i.e.
   `~/.cache/rltldr_jax/xla`: one cache per user, shared by every run, grid and launcher of the user;

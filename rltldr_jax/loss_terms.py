@@ -19,8 +19,8 @@ A term from outside the package (examples/entropy_bonus.py):
     register_loss_term(LossTerm("entropy_bonus", mask="action", fn=entropy_sum, coef="entropy_coef"))
 
 then `--config.loss.terms=grpo,insight_sft,writer_sft,entropy_bonus --config.loss.entropy_coef=0.01` (a registered
-term's coefficient key joins `configs/base.py`'s `loss.*` keys when the module that registers it is imported before
-the config is built).
+term's coefficient key joins the config's `loss.*` keys, `Loss.extra` of rltldr_jax/settings.py, when the module that
+registers it is imported before the config is built).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class LossTerm:
       fn: the pure function (`TermFn`). Its `count` must be the micro-batch's number of mask tokens (the step uses
         the global one, known before any forward pass, so accumulation and data parallelism stay exact).
       coef: the `loss.*` config key of its coefficient (e.g. "lam").
-      default_coef: the value that key gets in `configs/base.py` (external terms; the built-ins' keys are there).
+      default_coef: the value that key gets in the config (external terms; the built-ins' keys are `Loss` fields).
       params: other `loss.*` keys the function reads through `Coefficients.coef` (traced like the coefficient).
       metric: the metric of sum / count (default `name`); tokens_metric: that of the global count (default
         `{name}_tokens`).
@@ -159,7 +159,7 @@ def parse_terms(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 def terms_error(spec: str) -> str | None:
-    """What is wrong with `loss.terms`, None if nothing (for `configs/base.py`'s validation)."""
+    """What is wrong with `loss.terms`, None if nothing (for the config's validation)."""
     try:
         parse_terms(spec)
     except ValueError as e:

@@ -23,7 +23,6 @@ import re
 from collections.abc import Iterator, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -89,17 +88,12 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """The sizes of the (data, fsdp, tensor) mesh axes (config `mesh.*`; `mesh_sizes_error` says which are valid)."""
+    """The sizes of the (data, fsdp, tensor) mesh axes (`build(MeshConfig, settings.mesh)`; `mesh_sizes_error` says
+    which are valid)."""
 
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> MeshConfig:
-        """The mesh of a run's `config.mesh`."""
-        m = config.mesh
-        return cls(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
 
     def make(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
         """The mesh over `devices` (default: all), as `make_mesh`."""

@@ -42,11 +42,14 @@ import functools
 import importlib.resources
 import os
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import ml_collections
 import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+if TYPE_CHECKING:  # (not imported at run time: this module stays below the settings)
+    from rltldr_jax.settings import Settings
 
 # ----------------------------------------------------------------------------------------------------
 # The tokenizer
@@ -573,7 +576,7 @@ class ContextBuilder:
         return Context(tuple(s for s in segments if s.ids))
 
 
-def context_builder(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> ContextBuilder:
+def context_builder(config: Settings, tokenizer: Tokenizer) -> ContextBuilder:
     """The policy's `ContextBuilder` for a run of `config`: thinking mode `rollout.thinking` and the insight scaffold
     of `insight.content` (`insight_scaffold`: the SGE baseline's summaries get theirs), with `tokenizer` (the
     policy's)."""

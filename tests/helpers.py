@@ -13,6 +13,7 @@ import ml_collections
 
 from configs import sapi
 from rltldr_jax.config import base
+from rltldr_jax.settings import Settings, settings_of
 
 #: One small phase of the tiny preset: 1 task, 2 attempts of at most 2 actions of a few tokens, trained in micro-batches
 #: of the preset's shape (4 examples padded to 1024 tokens: one train-step program per loss configuration), and a
@@ -39,8 +40,18 @@ def tiny_config(overrides: dict[str, Any] | None = None, *, validate: bool = Tru
     return base.validate(c) if validate else c
 
 
+def tiny_settings(overrides: dict[str, Any] | None = None) -> Settings:
+    """The `Settings` of `tiny_config(overrides)` (validated)."""
+    return settings_of(tiny_config(overrides))
+
+
 def tiny_run_config(
     workdir: str, phases: int = 1, overrides: dict[str, Any] | None = None
 ) -> ml_collections.ConfigDict:
     """`tiny_config` with `TINY_RUN`, in `workdir`, for `phases` phases; `overrides` last."""
     return tiny_config({"workdir": workdir, "train.max_phases": phases, **TINY_RUN, **(overrides or {})})
+
+
+def tiny_run_settings(workdir: str, phases: int = 1, overrides: dict[str, Any] | None = None) -> Settings:
+    """The `Settings` of `tiny_run_config` (what a `Trainer` takes)."""
+    return settings_of(tiny_run_config(workdir, phases, overrides))

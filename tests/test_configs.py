@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rltldr_jax.config import ablations, base
+from rltldr_jax.settings import value_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENVS = ("sapi", "appworld", "leetcode")
@@ -62,7 +63,7 @@ def test_every_ablation_resolves(name):
         for preset in ("paper", "tiny"):
             c = ablations.resolve(_config(env, preset), name, extra)
             for key, value in ablation.overrides.items():
-                assert base.get(c, key) == value, (env, preset, key)
+                assert value_at(c, key) == value, (env, preset, key)
 
 
 def test_teacher_needs_a_model():

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_config, tiny_run_config
+from helpers import tiny_config, tiny_run_settings, tiny_settings
 from test_checkpoint import _load_cli, _orbax_data_files
 
 from rltldr_jax import checkpoint as ckpt_module
@@ -273,7 +273,7 @@ def test_flipped_bytes_are_reported_as_corrupt(tmp_path):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's reads orphaned by the error
 def test_resume_falls_back_past_a_step_with_flipped_bytes(tmp_path, caplog):
     workdir = str(tmp_path / "run")
-    stopped = Trainer(tiny_run_config(workdir, 2))
+    stopped = Trainer(tiny_run_settings(workdir, 2))
     try:
         stopped.save()  # step 0: the initial policy
         stopped.phase = 1  # step 1: other weights (as after an update)
@@ -283,7 +283,7 @@ def test_resume_falls_back_past_a_step_with_flipped_bytes(tmp_path, caplog):
         stopped.close()
     flip_bytes(tmp_path / "run" / "checkpoints" / "1")
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"):
-        resumed = Trainer(tiny_run_config(workdir, 2), resume=True)
+        resumed = Trainer(tiny_run_settings(workdir, 2), resume=True)
     try:
         assert resumed.phase == 0
         assert re.search(r"checkpoint step 1 in .* is corrupt: .*falling back to step 0", caplog.text), caplog.text
@@ -321,12 +321,12 @@ def test_eval_uses_the_checkpoints_own_tokenizer(tmp_path):
     hf = tmp_path / "hf"
     save_pretrained(nnx.merge(graphdef, params), hf)
     _small_tokenizer().save(str(hf))
-    policy = eval_policy(tiny_config({"workdir": str(tmp_path / "w")}), str(hf))
+    policy = eval_policy(tiny_settings({"workdir": str(tmp_path / "w")}), str(hf))
     assert same_tokenizer(policy.tokenizer, load_tokenizer(hf)) and policy.tokenizer.vocab_size < 512  # not Qwen's
     assert policy.step is None and policy.what == f"HF checkpoint {hf}"
     # A training checkpoint: the tokenizer its run recorded (here the HF directory's, given as config.tokenizer).
     ckpt = _training_checkpoint(tmp_path / "ckpt", tiny_config({"tokenizer": str(hf)}))
-    policy = eval_policy(tiny_config({"workdir": str(tmp_path / "w")}), ckpt)
+    policy = eval_policy(tiny_settings({"workdir": str(tmp_path / "w")}), ckpt)
     assert same_tokenizer(policy.tokenizer, load_tokenizer(hf)) and policy.step == 3
     # The config naming another tokenizer: refused, naming both.
     other = tmp_path / "other"
@@ -335,11 +335,11 @@ def test_eval_uses_the_checkpoints_own_tokenizer(tmp_path):
     with pytest.raises(
         ValueError, match=rf"^{re.escape(str(hf))} does not match the policy the config names \(tokenizer="
     ):
-        eval_policy(tiny_config({"tokenizer": str(other)}), str(hf))
+        eval_policy(tiny_settings({"tokenizer": str(other)}), str(hf))
     # Without a tokenizer of its own, the config's; one with more ids than the model's vocabulary is refused.
     os.remove(hf / "tokenizer.json")
     with pytest.raises(ValueError, match=r"its tokenizer has 248077 ids but the model only 512"):
-        eval_policy(tiny_config(), str(hf))
+        eval_policy(tiny_settings(), str(hf))
 
 
 def test_eval_of_another_runs_checkpoint_is_one_line_and_pretrains_nothing(tmp_path):
@@ -374,4 +374,4 @@ def test_eval_of_another_runs_checkpoint_is_one_line_and_pretrains_nothing(tmp_p
     # A damaged checkpoint: one line too.
     flip_bytes(tmp_path / "ckpt" / "3")
     with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 3 in .* is corrupt"):
-        eval_policy(tiny_config({"workdir": str(tmp_path / "w")}), f"{ckpt}:3")
+        eval_policy(tiny_settings({"workdir": str(tmp_path / "w")}), f"{ckpt}:3")

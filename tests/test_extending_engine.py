@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from helpers import tiny_config, tiny_run_config
+from helpers import tiny_config, tiny_run_settings
 
 from examples.scripted_engine import SCRIPT, SCRIPT_LOGPROB, ScriptedEngine
 from rltldr_jax.agent.rollout_files import record_from_json
@@ -21,7 +21,7 @@ from rltldr_jax.train.loop import Trainer
 def test_a_scripted_backend_registered_outside_the_package_runs_a_training_phase(tmp_path):
     """`engine.kind=examples.scripted_engine:scripted`: the rollouts hold exactly the scripted tokens and logprobs,
     and the phase's weight push reaches the engine as version 1."""
-    config = tiny_run_config(
+    config = tiny_run_settings(
         str(tmp_path / "run"),
         1,
         {"engine.kind": "examples.scripted_engine:scripted", "train.max_logprob_gap": 0.0},  # scripted logprobs

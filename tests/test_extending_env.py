@@ -10,7 +10,7 @@ import sys
 import types
 
 import pytest
-from helpers import tiny_config, tiny_run_config
+from helpers import tiny_config, tiny_run_settings, tiny_settings
 
 from examples import my_env
 from rltldr_jax.agent.episode import task_text
@@ -46,7 +46,7 @@ def test_an_external_spec_resolves_registers_and_serves_its_tasks():
         registry.uninformative_insight(PATH)
     with pytest.raises(ValueError, match="already registered as 'echo_words'"):
         register(EnvSpec("echo_words", my_env.load_tasks, my_env._make_env, "{goal}"))
-    assert workdir_of(tiny_config({"env.name": PATH})).endswith("/runs/echo_words-tiny")
+    assert workdir_of(tiny_settings({"env.name": PATH})).endswith("/runs/echo_words-tiny")
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_a_spec_name_may_not_take_a_builtin_name(monkeypatch):
 
 def test_one_phase_of_training_in_the_external_environment(tmp_path):
     """The real Trainer on the tiny config, one phase of 1 task × 2 attempts, rule insights (tiny preset)."""
-    config = tiny_run_config(str(tmp_path / "run"), 1, {"env.name": PATH})
+    config = tiny_run_settings(str(tmp_path / "run"), 1, {"env.name": PATH})
     trainer = Trainer(config)
     try:
         metrics = trainer.run_phase()

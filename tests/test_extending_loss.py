@@ -11,13 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_config, tiny_run_config
+from helpers import tiny_config, tiny_run_settings
 
 from examples.entropy_bonus import entropy_bonus
 from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.config import base
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, TermInputs, combine
 from rltldr_jax.models import ModelSpec, get_preset
+from rltldr_jax.settings import settings_of
 from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
@@ -39,7 +40,7 @@ def test_entropy_bonus_math_by_hand():
 def test_registering_adds_the_coefficient_key_and_validation_knows_the_term():
     assert LOSS_TERMS["entropy_bonus"].coef == "entropy_coef"
     c = tiny_config({"loss.terms": ",".join(WITH_BONUS), "loss.entropy_coef": 0.01})
-    cfg = LossConfig.from_config(c)
+    cfg = LossConfig.of(settings_of(c).loss)
     assert cfg.terms == WITH_BONUS and cfg.coef("entropy_coef") == 0.01 and cfg.coef("lam") == c.loss.lam
     with pytest.raises(base.ConfigError, match="unregistered loss term.*'nope'"):
         tiny_config({"loss.terms": "grpo,nope"})
@@ -95,7 +96,9 @@ def test_coefficient_zero_is_the_step_without_the_term(model):
 
 
 def test_one_phase_of_a_tiny_run_with_the_entropy_bonus(tmp_path):
-    config = tiny_run_config(str(tmp_path / "run"), 1, {"loss.terms": ",".join(WITH_BONUS), "loss.entropy_coef": 0.01})
+    config = tiny_run_settings(
+        str(tmp_path / "run"), 1, {"loss.terms": ",".join(WITH_BONUS), "loss.entropy_coef": 0.01}
+    )
     trainer = Trainer(config)
     try:
         metrics = trainer.run_phase()

@@ -41,6 +41,7 @@ from rltldr_jax.engines.sglang_client import (
 )
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained, save_pretrained, sequence_logprobs
 from rltldr_jax.models.fingerprint import weights_fingerprint
+from rltldr_jax.settings import settings_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
@@ -352,14 +353,14 @@ def test_default_request_deadline_is_finite(servers, checkpoints, tmp_path):
     """engine.request_timeout_s used to default to 0: no deadline, a request on a stopped server waited forever."""
     _, models = checkpoints
     config = base.override(base.get_config(), {"engine.kind": "grpc", "engine.servers": servers[0].grpc})
-    settings = EngineConfig.from_config(base.validate(config))
+    settings = EngineConfig.of(settings_of(base.validate(config)))
     assert settings.request_timeout_s == DEFAULT_REQUEST_TIMEOUT_S == 3600
     client = policy_engine(settings, models["m0"], workdir=str(tmp_path))
     try:
         assert client.request_timeout_s == 3600
     finally:
         client.close()
-    zero = EngineConfig.from_config(base.validate(base.override(config, {"engine.request_timeout_s": 0.0})))
+    zero = EngineConfig.of(settings_of(base.validate(base.override(config, {"engine.request_timeout_s": 0.0}))))
     client = policy_engine(zero, models["m0"], workdir=str(tmp_path))
     try:
         assert client.request_timeout_s is None  # 0, set explicitly: no deadline (health checks still run)

@@ -17,7 +17,7 @@ import time
 
 import jax.numpy as jnp
 import pytest
-from helpers import tiny_run_config
+from helpers import tiny_run_settings
 
 from rltldr_jax.engines import JaxEngine
 from rltldr_jax.engines.server import EngineService, start_server
@@ -74,7 +74,7 @@ def servers(tmp_path_factory):
 def _config(workdir: str, servers: list[str]):
     """The shared tiny run (tests/helpers.py: its filters keep the all-failure group, so that its actions reach the
     GRPO term and the logprob gap is measured), 1 action per attempt, sampled by `servers`."""
-    return tiny_run_config(
+    return tiny_run_settings(
         workdir, 1, {"engine.kind": "grpc", "engine.servers": ",".join(servers), "rollout.max_steps": 1}
     )
 

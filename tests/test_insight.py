@@ -21,6 +21,7 @@ from rltldr_jax.engines.engine import GenerationEngine, GenerationResult
 from rltldr_jax.envs import leetcode as lc
 from rltldr_jax.envs.appworld import verdict_from_tracker_dict
 from rltldr_jax.envs.base import Task
+from rltldr_jax.settings import settings_of
 
 TASK = Task("sapi/t1", "Start a playlist that's long enough for my workout.", "sapi", "train")
 REPORT = (
@@ -398,7 +399,7 @@ def test_verifier_source_on_leetcode_reports():
 
 
 def test_verifier_writer_needs_no_engine(tokenizer):
-    writer = InsightWriter.from_config(tiny_config(), tokenizer, engine=None)
+    writer = InsightWriter.of(settings_of(tiny_config()), tokenizer, engine=None)
     writer_output = asyncio.run(writer.write(_failed()))
     assert (
         writer_output.insight
@@ -494,7 +495,7 @@ def test_write_with_a_random_tiny_model(tokenizer, jax_engine):
 
 def test_from_config_and_argument_checks(tokenizer):
     config = get_config()
-    writer = InsightWriter.from_config(config, tokenizer, engine=object())
+    writer = InsightWriter.of(settings_of(config), tokenizer, engine=object())
     assert (writer.source, writer.content, writer.thinking, writer.show_failed_tests) == ("policy", "hint", True, True)
     assert (writer.max_think_tokens, writer.max_action_tokens, writer.max_observation_chars) == (4096, 4096, 4000)
     with pytest.raises(ValueError, match="teacher engine"):

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import tiny_settings
 
 from rltldr_jax.agent.eval_set import eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
@@ -19,6 +19,7 @@ from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.analysis import insight_curves as ic
 from rltldr_jax.envs import make_env
 from rltldr_jax.metrics import AttemptRecord
+from rltldr_jax.settings import replace
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,7 +78,7 @@ def test_modes_schedules_and_errors():
 
 
 def _config():
-    return tiny_config(
+    return tiny_settings(
         {
             "rollout.max_steps": 1,
             "rollout.max_think_tokens": 4,
@@ -94,7 +95,7 @@ def test_curve_tasks_select_like_eval_tasks():
     assert len(picked) == 2 and [t.task_id for t in picked] == [t.task_id for t in eval_tasks(c)]
     more = ic.curve_tasks(c, split="eval", num_tasks=3)  # the same seeded order, one more task
     assert len(more) == 3 and more[:2] == picked
-    c.env.train_split = "eval"
+    c = replace(c, {"env.train_split": "eval"})
     assert ic.curve_tasks(c) == picked  # the default split is env.train_split
     ids = [t.task_id for t in more]
     assert sorted(t.task_id for t in ic.curve_tasks(c, num_tasks=0, task_ids=ids[::-1])) == sorted(ids)
@@ -109,7 +110,7 @@ def curves(tiny_policy, builder, tmp_path_factory):
     _, engine = tiny_policy
     c = _config()
     tasks = ic.curve_tasks(c, split="eval")
-    writer = InsightWriter.from_config(c, builder.tokenizer, engine)
+    writer = InsightWriter.of(c, builder.tokenizer, engine)
     seen: list[str] = []
     results = ic.insight_curves(
         engine,

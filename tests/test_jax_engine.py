@@ -13,6 +13,7 @@ from flax import nnx
 from rltldr_jax.engines import GenerationRequest, JaxEngine, SamplingParams
 from rltldr_jax.engines.jax_engine import MAX_STOP_IDS, sample_tokens
 from rltldr_jax.models import ModelSpec, get_preset, sequence_logprobs
+from rltldr_jax.settings import settings_of
 
 CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=256)
 
@@ -394,7 +395,7 @@ def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
     from rltldr_jax.engines.factory import EngineConfig, policy_engine
 
     config = base.get_config()
-    assert EngineConfig.from_config(config).jax_engine_options()["prefix_cache_bytes"] == 1024 * 2**20
+    assert EngineConfig.of(settings_of(config)).jax_engine_options()["prefix_cache_bytes"] == 1024 * 2**20
     assert config.engine.weights_dtype == ""
     base.override(
         config,
@@ -409,7 +410,7 @@ def test_config_engine_options_reach_the_embedded_engine(model, tmp_path):
             "rollout.max_context_tokens": 64,
         },
     )
-    with policy_engine(EngineConfig.from_config(config), model, workdir=str(tmp_path)) as engine:
+    with policy_engine(EngineConfig.of(settings_of(config)), model, workdir=str(tmp_path)) as engine:
         assert engine.weights_dtype == jnp.bfloat16 and engine.prefix_stats()["budget_bytes"] == 3 * 2**20
         assert engine.prefill_chunk == 32 and engine.decode_steps == 5 and engine.decode_group == 2
     base.override(config, {"engine.weights_dtype": "float16"})

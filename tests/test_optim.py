@@ -13,9 +13,10 @@ from configs import sapi
 from rltldr_jax.checkpoint import Checkpointer, CheckpointMismatchError
 from rltldr_jax.config import base
 from rltldr_jax.models import ModelSpec, get_preset
+from rltldr_jax.settings import build, settings_of
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.setup import ShardedUpdate
-from rltldr_jax.train.step import LossConfig, learning_rate_schedule, make_optimizer, optimizer_from_config
+from rltldr_jax.train.step import LossConfig, learning_rate_schedule, make_optimizer, optimizer_of
 
 
 def _updates(tx, grads_seq, params):
@@ -58,7 +59,7 @@ def test_the_default_config_builds_the_default_rule():
     rs = np.random.default_rng(1)
     params, grads = _random_tree(rs), [_random_tree(rs, 5.0), _random_tree(rs, 0.2)]
     old = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
-    new = optimizer_from_config(c.optim)
+    new = optimizer_of(settings_of(c).optim)
     for a, b in zip(
         jax.tree.leaves(_updates(old, grads, params)), jax.tree.leaves(_updates(new, grads, params)), strict=False
     ):
@@ -157,11 +158,11 @@ def test_config_validation_refuses_unknown_names_and_ignored_weight_decay():
     assert _problems({"optim.warmup_steps": -2}) == ["optim.warmup_steps=-2 is outside [0, inf)"]
     for name in ("adamw", "adam", "sgd"):  # valid combinations pass and build
         c = base.validate(base.override(sapi.get_config("tiny"), {"optim.name": name, "optim.warmup_steps": 3}))
-        optimizer_from_config(c.optim)
+        optimizer_of(settings_of(c).optim)
     # sft.learning_rate replaces optim.learning_rate for the offline SFT baselines; the rest of optim.* applies
     c = base.override(sapi.get_config("tiny"), {"optim.name": "sgd", "optim.grad_clip_norm": 0.0})
     (u,), _ = _updates(
-        optimizer_from_config(c.optim, learning_rate=0.25),
+        optimizer_of(settings_of(c).optim, learning_rate=0.25),
         [{"w": np.array([2.0], np.float32)}],
         {"w": np.zeros(1, np.float32)},
     )
@@ -196,9 +197,9 @@ def test_sharded_update_holds_the_schedule_counter():
     spec = ModelSpec(dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=1, layer_types=()))
     model = spec.build(seed=0)
     update = ShardedUpdate(
-        MeshConfig.from_config(c),
+        build(MeshConfig, settings_of(c).mesh),
         model,
-        optimizer_from_config(c.optim),
+        optimizer_of(settings_of(c).optim),
         LossConfig(),
         micro_batch_size=c.batch.micro_batch_size,
     )

@@ -23,6 +23,7 @@ from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.config import base
 from rltldr_jax.envs import TaskSource, load_tasks, make_env
 from rltldr_jax.envs.sapi.tasks import generate_tasks
+from rltldr_jax.settings import settings_of
 from rltldr_jax.train import loop
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.step import NonFiniteError
@@ -31,7 +32,7 @@ from rltldr_jax.train.step import NonFiniteError
 def _overlapped(workdir: str, phases: int):
     c = _config(workdir, phases)
     base.override(c, {"train.overlap_phases": True, "train.keep_checkpoints": 5, "eval.every": 2})
-    return base.validate(c)
+    return settings_of(base.validate(c))
 
 
 def _records(workdir: str, kind: str = "phase") -> list[dict]:

@@ -2,6 +2,7 @@
 grid through the real code path (pretraining, base checks, Trainer runs, offline SFTL;DR, the report)."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from rltldr_jax.config import base, replicate
+from rltldr_jax.settings import as_dict, replace
 from rltldr_jax.tokenization import CHATML_SPECIAL_TOKENS, ContextBuilder, load_tokenizer, train_chatml_tokenizer
 
 
@@ -23,7 +25,7 @@ def _flat(d, prefix=""):
 
 
 def test_arms_differ_exactly_in_their_keys():
-    ref = _flat(replicate.arm_config("default", "rltldr", 0).to_dict())
+    ref = _flat(as_dict(replicate.arm_config("default", "rltldr", 0)))
 
     def lam(value):  # the λ arm equal to rltldr's default differs in nothing (the grid runs it once)
         return set() if value == replicate.DEFAULT_LAMBDA else {"loss.lam"}
@@ -42,7 +44,7 @@ def test_arms_differ_exactly_in_their_keys():
     }
     assert set(expected) | {"rltldr"} == set(replicate.ARMS)
     for arm, keys in expected.items():
-        config = _flat(replicate.arm_config("default", arm, 0).to_dict())
+        config = _flat(as_dict(replicate.arm_config("default", arm, 0)))
         changed = {k for k in ref if ref[k] != config[k]} - {"name"}
         assert changed == keys, arm
     lams = {
@@ -381,9 +383,9 @@ def test_old_summaries_are_compared_by_digest_then_by_checkpoint(smoke_grid):
     out, _, _ = smoke_grid
     (run,) = plan_runs(_smoke_configs(out, ("grpo",)), out)
     (changed,) = plan_runs(_smoke_configs(out, ("grpo",), **{"loss.lam": 0.5}), out)
-    run.config.model.checkpoint = changed.config.model.checkpoint = json.load(
-        open(os.path.join(out, "runs", "grpo-s0", "summary.json"))
-    )["config"]["model"]["checkpoint"]
+    checkpoint = json.load(open(os.path.join(out, "runs", "grpo-s0", "summary.json")))["config"]["model"]["checkpoint"]
+    run = dataclasses.replace(run, config=replace(run.config, {"model.checkpoint": checkpoint}))
+    changed = dataclasses.replace(changed, config=replace(changed.config, {"model.checkpoint": checkpoint}))
     old = {"arm": "grpo", "seed": 0, "digest": config_digest(run.config)}
     assert stale_reason(run, old) is None
     assert stale_reason(changed, old) == "loss.lam: 0.0 -> 0.5"  # (read from the checkpoint)
@@ -620,5 +622,4 @@ def test_the_shipped_base_policies_match_the_replication(tmp_path):
         )
         assert replicate.arm_config("quick", "grpo", seed).model.preset == config.model.preset
         assert shipped_dir(replicate.arm_config("quick", "grpo", seed, {"pretrain.cache_dir": str(tmp_path)})) == path
-    config.pretrain.shipped = False
-    assert shipped_dir(config) is None
+    assert shipped_dir(replace(config, {"pretrain.shipped": False})) is None

@@ -16,12 +16,14 @@ import sys
 import time
 
 import pytest
-from helpers import tiny_run_config as _config
+from helpers import tiny_run_config
+from helpers import tiny_run_settings as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoint import _failing_writes, _orbax_data_files
 
 from rltldr_jax.checkpoint import CheckpointSaveError, CorruptCheckpointError
 from rltldr_jax.config import base
+from rltldr_jax.settings import settings_of
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import (
     ConfigChangeError,
@@ -164,8 +166,8 @@ def test_leftovers_are_moved_aside(tmp_path, caplog):
 
 
 def test_config_changes_on_resume_are_logged_and_refused(caplog):
-    saved = _config("/w", 1).to_dict()
-    current = _config("/w", 5)
+    saved = tiny_run_config("/w", 1).to_dict()
+    current = tiny_run_config("/w", 5)
     base.override(current, {"loss.lam": 0.1, "optim.learning_rate": 1e-3, "eval.num_tasks": 3, "engine.max_batch": 4})
     saved["loss"]["retired_key"] = 1  # a key the code no longer has: logged, not refused
     changes = {k: (o, n) for k, o, n in config_changes(saved, current.to_dict())}
@@ -228,8 +230,7 @@ def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
         f.truncate(os.path.getsize(data) // 2)
     with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 1 in .*: cannot read its arrays"):
         Trainer(_config(workdir, 1), resume_step=1)
-    changed = _config(workdir, 1)
-    base.override(changed, {"loss.lam": 0.25})
+    changed = settings_of(base.override(tiny_run_config(workdir, 1), {"loss.lam": 0.25}))
     with pytest.raises(ConfigChangeError, match=r"loss\.lam: 0\.5 -> 0\.25"):  # refused before anything is built
         Trainer(changed, resume=True)
     with caplog.at_level(logging.WARNING, logger="rltldr_jax"):

@@ -8,6 +8,7 @@ import pytest
 
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.config.base import get_config
+from rltldr_jax.settings import build, settings_of
 from rltldr_jax.tokenization import Insight
 
 
@@ -140,10 +141,10 @@ def test_state_restore_roundtrip_through_json():
     assert r.record("a", False) == 3  # continues numbering after the restored attempts
 
 
-def test_from_config():
+def test_built_from_the_insight_settings():
     config = get_config()
-    s = InsightSchedule.from_config(config)
+    s = build(InsightSchedule, settings_of(config).insight)
     assert (s.policy, s.threshold, s.first_k, s.first_k_max_successes, s.max_insights) == ("threshold", 0.5, 10, 3, 16)
     config.insight.schedule, config.insight.max_insights = "first_k", 1
-    s = InsightSchedule.from_config(config)
+    s = build(InsightSchedule, settings_of(config).insight)
     assert s.policy == "first_k" and s.max_insights == 1

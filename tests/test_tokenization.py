@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rltldr_jax.config.base import get_config
+from rltldr_jax.settings import replace, settings_of
 from rltldr_jax.tokenization import (
     INSIGHT_SCAFFOLD,
     QWEN3_5_SPECIAL_TOKENS,
@@ -286,10 +287,10 @@ def test_bad_input_is_a_clear_error(tokenizer):
 def test_context_builder_of_a_config(tokenizer):
     """A run's builder: thinking mode from `rollout.thinking`, insight scaffold from `insight.content` (SGE's
     summaries get theirs); the closed empty think block ends with `think_close_ids`."""
-    config = get_config()
+    config = settings_of(get_config())
     builder = context_builder(config, tokenizer)
     assert builder.thinking and builder.insight_scaffold == INSIGHT_SCAFFOLD
-    config.rollout.thinking, config.insight.content = False, "strategy"
+    config = replace(config, {"rollout.thinking": False, "insight.content": "strategy"})
     builder = context_builder(config, tokenizer)
     assert not builder.thinking and builder.insight_scaffold == SGE_SCAFFOLD
     close = tokenizer.think_close_ids

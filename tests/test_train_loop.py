@@ -15,12 +15,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import TINY_RUN
-from helpers import tiny_run_config as _config
+from helpers import TINY_RUN, tiny_run_config
+from helpers import tiny_run_settings as _config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import sapi
 from rltldr_jax.config import base
+from rltldr_jax.settings import settings_of
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.resume import lock_workdir
 from rltldr_jax.train.stopping import Interrupted, RunStopped
@@ -256,9 +257,9 @@ def test_ctrl_c_stops_after_the_phase_and_twice_stops_at_once(tmp_path, monkeypa
 def test_concurrent_attempt_chains_through_the_trainer(tmp_path):
     """rollout.workers_per_task = 2 (without exact_group_size): two chains per task, ≥ K attempts per task, numbered
     1..n without gaps or repeats, all trained on."""
-    c = _config(str(tmp_path / "run"), 1)
+    c = tiny_run_config(str(tmp_path / "run"), 1)
     base.override(c, {"rollout.workers_per_task": 2, "rollout.exact_group_size": False, "rollout.tasks_per_phase": 2})
-    trainer = Trainer(base.validate(c))
+    trainer = Trainer(settings_of(base.validate(c)))
     try:
         assert trainer.collector.workers_per_task == 2
         metrics = trainer.run_phase()
@@ -278,7 +279,7 @@ def test_paper_preset_without_weights_fails_fast(tmp_path):
     c = sapi.get_config("paper")
     base.override(c, {"workdir": str(tmp_path)})
     with pytest.raises(ValueError, match=r"needs model.checkpoint.*Qwen/Qwen3.5-9B"):
-        Trainer(base.validate(c))
+        Trainer(settings_of(base.validate(c)))
 
 
 def test_eval_script_repeats_the_trainers_evaluation(uninterrupted, tmp_path):

@@ -16,6 +16,7 @@ from helpers import tiny_config
 
 from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.models import ModelSpec, get_preset
+from rltldr_jax.settings import build, settings_of
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import UpdateConfig, update_phase
@@ -51,7 +52,7 @@ def _config(max_skips: int = 5, ppo_epochs: int = 1):
 
 def _update(model, config) -> ShardedUpdate:
     return ShardedUpdate(
-        MeshConfig.from_config(config),
+        build(MeshConfig, settings_of(config).mesh),
         model,
         make_optimizer(1e-3),
         LossConfig(lam=0.5),
@@ -101,7 +102,7 @@ def test_the_update_counts_skips_and_shows_them(model):
     """One good and one infinite-advantage example, one step each: one applied, one skipped, and the phase line
     shows the non-finite mean loss instead of hiding it."""
     update = _update(model, _config(max_skips=0))
-    settings = UpdateConfig.from_config(_config(max_skips=0))
+    settings = UpdateConfig.of(settings_of(_config(max_skips=0)))
     metrics = update_phase(update, [_example(), _example(advantage=np.inf)], settings, phase=0, guard=NonFiniteGuard(0))
     assert metrics["optimizer_steps"] == 2.0 and metrics["skipped_nonfinite"] == 1.0
     assert not np.isfinite(metrics["loss"])
@@ -120,7 +121,7 @@ def test_consecutive_skips_stop_the_update(model):
     with pytest.raises(
         NonFiniteError, match=r"2 optimizer steps in a row had a non-finite loss.*phase 4, optimizer step 2"
     ):
-        update_phase(update, [_example(advantage=np.inf)], UpdateConfig.from_config(config), phase=3, guard=guard)
+        update_phase(update, [_example(advantage=np.inf)], UpdateConfig.of(settings_of(config)), phase=3, guard=guard)
     assert guard.total == 2
     for before, after in zip(params, _host(update.params), strict=True):
         np.testing.assert_array_equal(before, after)

@@ -41,12 +41,13 @@ from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.agent.writer_prompt import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, Task
+from rltldr_jax.settings import choices
 from rltldr_jax.tokenization import ContextBuilder
 
 log = logging.getLogger(__name__)
 
 #: Values of `insight.after`: which attempts get an insight written (RLTL;DR: failures; SGE: every attempt).
-INSIGHT_AFTER = ("failure", "any")
+INSIGHT_AFTER = choices("insight.after")
 
 
 def exact_group_size_error(exact_group_size: bool, workers_per_task: int, *, prefix: str = "") -> str | None:

@@ -24,13 +24,12 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-import ml_collections
-
 from rltldr_jax.agent.generation import generate_two_phase, shorten
 from rltldr_jax.agent.writer_prompt import FailedAttempt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.base import Env, StepResult, Task, Verdict
 from rltldr_jax.envs.spec import API_PROMPT, CODING_PROMPT, PLAN_PROMPT, get_spec
+from rltldr_jax.settings import Settings, build
 from rltldr_jax.tokenization import ContextBuilder, Insight, Step
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ def step_seed(seed: int, task_id: str, attempt: int, step: int, part: int) -> in
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeConfig:
-    """Budgets and sampling of an attempt (config.rollout, config.env)."""
+    """Budgets and sampling of an attempt (`rollout.*`, `env.max_observation_chars`, `seed`; defaults the paper's)."""
 
     max_steps: int = 50
     thinking: bool = True
@@ -79,20 +78,10 @@ class EpisodeConfig:
     seed: int = 0
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> EpisodeConfig:
-        """The budgets and sampling of `config.rollout`, `config.env.max_observation_chars` and `config.seed`."""
-        r = config.rollout
-        return cls(
-            max_steps=r.max_steps,
-            thinking=r.thinking,
-            max_think_tokens=r.max_think_tokens,
-            max_action_tokens=r.max_action_tokens,
-            max_context_tokens=r.max_context_tokens,
-            max_observation_chars=config.env.max_observation_chars,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            seed=config.seed,
+    def of(cls, settings: Settings) -> EpisodeConfig:
+        """The budgets and sampling of a run's `rollout.*`, `env.max_observation_chars` and `seed`."""
+        return build(
+            cls, settings.rollout, max_observation_chars=settings.env.max_observation_chars, seed=settings.seed
         )
 
 

@@ -7,11 +7,10 @@ order fixed for the run; `attempt_records` is the metrics' view (`metrics.Attemp
 
 from __future__ import annotations
 
-import ml_collections
-
 from rltldr_jax.agent.collector import PhaseResult
 from rltldr_jax.envs import Task, TaskSource, load_tasks
 from rltldr_jax.metrics import AttemptRecord
+from rltldr_jax.settings import Settings
 
 
 def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
@@ -22,7 +21,7 @@ def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
     ]
 
 
-def eval_tasks(config: ml_collections.ConfigDict, *, on_train_split: bool = False) -> list[Task]:
+def eval_tasks(config: Settings, *, on_train_split: bool = False) -> list[Task]:
     """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
     `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""
     split, n = (

@@ -11,7 +11,7 @@ with a JSON of five fields: `summary`, `feedback`, `wrong_step_id`, `corrected_s
 one-sentence TL;DR) is used by default; the other fields are generated to make the hint more accurate, and Table 3
 tries them as the inserted content.
 
-Variants (configs/base.py `insight.*`, Table 3):
+Variants (settings `insight.*`, Table 3):
 
 - content: `hint` (default) | `feedback` (diagnostic paragraph) | `summary_feedback` | `summary_feedback_code`
   (+ the corrected step) | `strategy` (SGE baseline: the summary of the attempt only, inserted under its own
@@ -37,17 +37,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ml_collections
-
 from rltldr_jax.agent.generation import generate_two_phase
 from rltldr_jax.agent.rule_insight import rule_fields
 from rltldr_jax.agent.writer_json import CONTENTS, insight_from_fields, parse_writer_output
 from rltldr_jax.agent.writer_prompt import FailedAttempt, render_writer_prompt
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs.registry import uninformative_insight
+from rltldr_jax.settings import Settings, build, choices
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer
 
-SOURCES = ("policy", "teacher", "rule", "uninformative")
+SOURCES = choices("insight.source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,31 +143,25 @@ class InsightWriter:
         self.builder = ContextBuilder(self.tokenizer, thinking=thinking)
 
     @classmethod
-    def from_config(
+    def of(
         cls,
-        config: ml_collections.ConfigDict,
+        settings: Settings,
         tokenizer: Tokenizer,
         engine: GenerationEngine | None,
         teacher_engine: GenerationEngine | None = None,
         teacher_tokenizer: Tokenizer | None = None,
     ) -> InsightWriter:
-        """The writer of `config.insight.*` (budgets, variants), `config.env.max_observation_chars` and
-        `config.rollout.temperature`."""
-        ins = config.insight
-        return cls(
-            tokenizer,
-            engine,
-            source=ins.source,
-            content=ins.content,
-            thinking=ins.thinking,
-            show_failed_tests=ins.show_failed_tests,
-            max_think_tokens=ins.max_think_tokens,
-            max_action_tokens=ins.max_action_tokens,
-            max_observation_chars=config.env.max_observation_chars,
-            max_rollout_chars=ins.max_rollout_chars,
-            temperature=config.rollout.temperature,
+        """The writer of a run's `insight.*` settings (budgets, variants), `env.max_observation_chars` and
+        `rollout.temperature`."""
+        return build(
+            cls,
+            settings.insight,
+            tokenizer=tokenizer,
+            engine=engine,
             teacher_engine=teacher_engine,
             teacher_tokenizer=teacher_tokenizer,
+            max_observation_chars=settings.env.max_observation_chars,
+            temperature=settings.rollout.temperature,
         )
 
     def prompt(self, failed: FailedAttempt) -> str:

@@ -147,7 +147,7 @@ def load_rollouts(run: str | os.PathLike) -> list[RolloutRecord]:
         raise FileNotFoundError(
             f"no rollouts found: {directory!r} has no {PHASE_GLOB} files. "
             "Offline SFT and the analyses read the attempts a run saves "
-            "with rollout.save_rollouts=True (configs/base.py, on by default); pass --run=<the run's workdir> "
+            "with rollout.save_rollouts=True (on by default); pass --run=<the run's workdir> "
             "(e.g. runs/sapi-rltldr), or retrain with --config.rollout.save_rollouts=True."
         )
     records: list[RolloutRecord] = []

@@ -24,12 +24,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
-
+from rltldr_jax.settings import choices
 from rltldr_jax.tokenization import Insight
 
 #: Values of `insight.schedule` (the module docstring says what each does).
-POLICIES = ("threshold", "first_k", "never", "always")
+POLICIES = choices("insight.schedule")
 
 
 @dataclasses.dataclass
@@ -42,7 +41,7 @@ class InsightSchedule:
     """Decides, per task, which insights a starting attempt gets.
 
     Args:
-      policy: threshold | first_k | never | always.
+      schedule: the policy, threshold | first_k | never | always (`insight.schedule`; also `self.policy`).
       threshold: running success rate at or below which insights are inserted (policy threshold).
       first_k, first_k_max_successes: the window and the success cap of policy first_k.
       max_insights: n_fb, the most recent insights kept.
@@ -50,38 +49,26 @@ class InsightSchedule:
 
     def __init__(
         self,
-        policy: str = "threshold",
+        schedule: str = "threshold",
         *,
         threshold: float = 0.5,
         first_k: int = 10,
         first_k_max_successes: int = 3,
         max_insights: int = 16,
     ):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown insight schedule {policy!r}; choose one of {', '.join(POLICIES)}")
+        if schedule not in POLICIES:
+            raise ValueError(f"unknown insight schedule {schedule!r}; choose one of {', '.join(POLICIES)}")
         if max_insights < 1 or first_k < 1 or first_k_max_successes < 0 or not 0.0 <= threshold <= 1.0:
             raise ValueError(
                 f"bad schedule parameters: threshold={threshold} (in [0, 1]), first_k={first_k} (>= 1), "
                 f"first_k_max_successes={first_k_max_successes} (>= 0), max_insights={max_insights} (>= 1)"
             )
-        self.policy = policy
+        self.policy = schedule
         self.threshold = threshold
         self.first_k = first_k
         self.first_k_max_successes = first_k_max_successes
         self.max_insights = max_insights
         self._tasks: dict[str, _TaskRecord] = {}
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> InsightSchedule:
-        """The schedule of `config.insight` (schedule, threshold, first_k, first_k_max_successes, max_insights)."""
-        ins = config.insight
-        return cls(
-            ins.schedule,
-            threshold=ins.threshold,
-            first_k=ins.first_k,
-            first_k_max_successes=ins.first_k_max_successes,
-            max_insights=ins.max_insights,
-        )
 
     # -- recording ---------------------------------------------------------------------------------------
 

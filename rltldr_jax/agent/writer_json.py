@@ -14,7 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-CONTENTS = ("hint", "feedback", "summary_feedback", "summary_feedback_code", "strategy")
+from rltldr_jax.settings import choices
+
+CONTENTS = choices("insight.content")
 WRITER_KEYS = ("summary", "feedback", "wrong_step_id", "corrected_step", "hint")
 
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")

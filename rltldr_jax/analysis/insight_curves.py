@@ -36,7 +36,6 @@ x-axis is how many insights populate the model's context", y = Pass@k, k <= 16):
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,6 +52,7 @@ from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task, TaskSource
 from rltldr_jax.metrics import AttemptRecord, insight_pass_at_k_curve, pass_at_k
+from rltldr_jax.settings import Settings, replace
 from rltldr_jax.tokenization import ContextBuilder
 
 MODES = ("iid", "latest", "sequential")
@@ -162,7 +162,7 @@ def run_mode(
     mode: str,
     engine: GenerationEngine,
     builder: ContextBuilder,
-    config: Any,
+    config: Settings,
     *,
     tasks: Sequence[Task],
     make_env: Callable[[], Env],
@@ -178,7 +178,7 @@ def run_mode(
       mode: iid | latest | sequential.
       engine: the policy's engine (its weights are never updated here).
       builder: the policy's context builder.
-      config: the run's config: rollout budgets and sampling (`EpisodeConfig.from_config`), `seed`,
+      config: the run's config: rollout budgets and sampling (`EpisodeConfig.of`), `seed`,
         `insight.max_insights` (n_fb of sequential) and `insight.after`.
       tasks: the tasks (distinct).
       make_env: builds one environment (one per task chain).
@@ -195,12 +195,12 @@ def run_mode(
     if n < max_k:
         raise ValueError(f"iid_samples={iid_samples} must be >= max_k={max_k} (Pass@k needs at least k samples)")
     if mode != "iid" and writer is None:
-        raise ValueError(f"mode {mode!r} needs an insight writer (InsightWriter.from_config)")
+        raise ValueError(f"mode {mode!r} needs an insight writer (InsightWriter.of)")
     collector = Collector(
         engine,
         make_env,
         builder,
-        EpisodeConfig.from_config(config),
+        EpisodeConfig.of(config),
         schedule_for(mode, config.insight.max_insights),
         None if mode == "iid" else writer,
         group_size=n,
@@ -216,7 +216,7 @@ def run_mode(
 def insight_curves(
     engine: GenerationEngine,
     builder: ContextBuilder,
-    config: Any,
+    config: Settings,
     *,
     tasks: Sequence[Task],
     make_env: Callable[[], Env],
@@ -253,7 +253,7 @@ def insight_curves(
 
 
 def curve_tasks(
-    config: Any, *, split: str | None = None, num_tasks: int | None = None, task_ids: Sequence[str] | None = None
+    config: Settings, *, split: str | None = None, num_tasks: int | None = None, task_ids: Sequence[str] | None = None
 ) -> list[Task]:
     """The tasks of the curves, chosen as `eval_tasks` chooses evaluation tasks (seeded order, first n).
 
@@ -267,9 +267,8 @@ def curve_tasks(
     n = config.eval.num_tasks if num_tasks is None else num_tasks
     if n < 0:
         raise ValueError(f"num_tasks must be >= 0 (0 = all), got {n}")
-    c = copy.deepcopy(config)
-    c.env.eval_split = split or config.env.train_split
-    c.eval.num_tasks = 0 if task_ids is not None else n
+    split = split or config.env.train_split
+    c = replace(config, {"env.eval_split": split, "eval.num_tasks": 0 if task_ids is not None else n})
     tasks = eval_tasks(c)
     if task_ids is None:
         return tasks

@@ -16,6 +16,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from rltldr_jax.config import ablations, base
+from rltldr_jax.settings import Settings, as_dict
 from rltldr_jax.train.stopping import Interrupted, StopSignals
 
 #: The checkout this package runs from (the source tree, or an editable install): its `configs/` holds the default
@@ -50,14 +51,20 @@ def define_config_flags(
     return config, flags.DEFINE_string("ablation", None, ablation_help)
 
 
-def resolve_config(config_flag: Any, ablation_flag: Any) -> ml_collections.ConfigDict:
-    """Preset → ablation → command-line overrides → validation; an invalid config exits with its message."""
+def resolve_config(config_flag: Any, ablation_flag: Any) -> Settings:
+    """Preset → ablation → command-line overrides → validation: the run's settings; an invalid config exits with its
+    message."""
     try:
         return ablations.resolve(
             config_flag.value, ablation_flag.value, config_flags.get_override_values(flags.FLAGS["config"])
         )
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
+
+
+def describe(settings: Settings) -> str:
+    """The settings as `--dry_run` prints them: every key and value, nested as in the config files."""
+    return str(ml_collections.ConfigDict(as_dict(settings)))
 
 
 class _PathParser(flags.ArgumentParser):
@@ -127,7 +134,7 @@ def parse_flags(argv: list[str]) -> list[str]:
             try:
                 base.get(base.get_config(), key)  # every preset has the keys of base.get_config()
             except base.ConfigError as e:
-                sys.exit(f"error: {e} (from {arg!r}); every key is documented in rltldr_jax/config/base.py")
+                sys.exit(f"error: {e} (from {arg!r}); every key is documented in rltldr_jax/settings.py")
         elif arg.startswith("--config="):
             path = arg.removeprefix("--config=").split(":", 1)[0]
             if not os.path.isfile(path):
@@ -169,7 +176,7 @@ def use_compile_cache(cache_dir: str | None, *, key: str = "compile.cache_dir") 
         sys.exit(f"error: {e}")
 
 
-def with_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def with_pretrained(config: Settings) -> Settings:
     """`config` with `model.checkpoint` set to its pretrained policy when `pretrain.steps > 0` and no checkpoint is
     given (pretrains it first, or finds it in the cache: train/pretrain.py); exits with the reason on failure."""
     from rltldr_jax.train.pretrain import ensure_pretrained

@@ -29,6 +29,7 @@ from rltldr_jax.cli.common import (
     as_main,
     define_config_flags,
     define_path,
+    describe,
     parse_flags,
     quiet_logging,
     resolve_config,
@@ -91,7 +92,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --max_k=8")
     config = resolve_config(_CONFIG, _ABLATION)
     if _DRY_RUN.value:
-        print(config)
+        print(describe(config))
         return
     quiet_logging()
     use_compile_cache(config.compile.cache_dir)
@@ -120,14 +121,14 @@ def main(argv: list[str]) -> None:
     builder = context_builder(config, tokenizer)
     print(f"policy: {what}; {len(tasks)} tasks; modes {', '.join(modes)}; max_k={_MAX_K.value}; out {out}")
 
-    engine_config = EngineConfig.from_config(config)
+    engine_config = EngineConfig.of(config)
     engine = policy_engine(engine_config, model, workdir=out)
     teacher, teacher_tokenizer = (None, None)
     try:
         writer = None
         if any(m != "iid" for m in modes):
             teacher, teacher_tokenizer = teacher_engine(engine_config)
-            writer = InsightWriter.from_config(config, tokenizer, engine, teacher, teacher_tokenizer)
+            writer = InsightWriter.of(config, tokenizer, engine, teacher, teacher_tokenizer)
 
         def report(r: ic.CurveResult) -> None:
             points = ", ".join(f"@{k}={100 * r.pass_at_k[k - 1]:.1f}%" for k in sorted({1, min(5, r.max_k), r.max_k}))

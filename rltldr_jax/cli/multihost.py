@@ -14,12 +14,12 @@ writes, checkpoints) are in rltldr_jax/distributed.py.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 
-import ml_collections
 from absl import flags
+
+from rltldr_jax.settings import Settings, replace
 
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
@@ -80,7 +80,7 @@ def show_progress() -> bool:
     return sys.stderr.isatty() and distributed.is_main_process()
 
 
-def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def base_policy(config: Settings) -> Settings:
     """`rltldr_jax.cli.common.with_pretrained` for a single process. In a multi-process job the base policy must exist
     already (cached or shipped, on every process): pretraining is a one-process job (`launch/pretrain.py`), and a
     missing one exits on every process saying so."""
@@ -101,6 +101,4 @@ def base_policy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             f"process(es) {', '.join(map(str, missing))}): pretraining runs in one process, so run launch/pretrain.py "
             "with the same --config flags once, on a filesystem every host sees, then start this job again"
         )
-    config = copy.deepcopy(config)
-    config.model.checkpoint = found
-    return config
+    return replace(config, {"model.checkpoint": found})

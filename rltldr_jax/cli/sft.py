@@ -21,6 +21,7 @@ from absl import app, flags
 from rltldr_jax.cli.common import (
     as_main,
     define_config_flags,
+    describe,
     quiet_logging,
     resolve_config,
     run_launcher,
@@ -56,7 +57,7 @@ def main(argv: list[str]) -> None:
             "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py"
         )
     if _DRY_RUN.value:
-        print(config)
+        print(describe(config))
         return
     quiet_logging()
     use_compile_cache(config.compile.cache_dir)  # before anything compiles

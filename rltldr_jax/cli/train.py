@@ -36,6 +36,7 @@ from absl import app, flags
 from rltldr_jax.cli.common import (
     as_main,
     define_config_flags,
+    describe,
     quiet_logging,
     resolve_config,
     run_launcher,
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> None:
         return
     config = resolve_config(_CONFIG, _ABLATION)
     if _DRY_RUN.value:
-        print(config)
+        print(describe(config))
         return
     if config.mode == "sft":
         sys.exit(

@@ -1,7 +1,7 @@
 """What the experiment config files (`configs/*.py`, loaded by path: `--config=configs/sapi.py:tiny`) share:
-`base` (every key with its default, documented, and the validation), `ablations` (the paper's baselines and
-ablations by name) and `replicate` (the small-scale replication's presets, arms and grids); `load` reads an
-experiment file by path, as `--config=FILE[:PRESET]` does."""
+`base` (the ConfigDict of every key of `rltldr_jax.settings`, and its validation), `ablations` (the paper's baselines
+and ablations by name; `resolve` makes a config the run's `Settings`) and `replicate` (the small-scale replication's
+presets, arms and grids); `load` reads an experiment file by path, as `--config=FILE[:PRESET]` does."""
 
 from __future__ import annotations
 

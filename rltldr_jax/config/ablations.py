@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from rltldr_jax.config import base
+from rltldr_jax.settings import Settings, settings_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,9 +255,10 @@ def apply(config: ml_collections.ConfigDict, name: str) -> ml_collections.Config
 
 def resolve(
     config: ml_collections.ConfigDict, ablation: str | None = None, cli_overrides: Mapping[str, Any] | None = None
-) -> ml_collections.ConfigDict:
+) -> Settings:
     """Preset config → ablation → command-line overrides → validation (the launchers' precedence), then every path
-    key made absolute against the current directory (`base.absolute_paths`).
+    key made absolute against the current directory (`base.absolute_paths`): the run's `Settings`, which every library
+    part takes (`Trainer(settings)`, `run_sft(settings)`, ...).
 
     `config` already holds the command-line overrides (config_flags applies them on load); they are applied
     again after the ablation so that an ablation never clobbers what the user set explicitly.
@@ -264,7 +266,7 @@ def resolve(
     if ablation:
         apply(config, ablation)
         base.override(config, dict(cli_overrides or {}))
-    return base.absolute_paths(base.validate(config))
+    return settings_of(base.absolute_paths(base.validate(config)))
 
 
 def describe() -> str:

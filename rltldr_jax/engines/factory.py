@@ -1,9 +1,9 @@
 """Engines from typed settings: the policy's (a backend of the registry `ENGINES`, chosen by `engine.kind`) and the
 frozen teacher of `insight.source="teacher"` (Table 3's separate insight generator).
 
-    settings = EngineConfig.from_config(config)               # config.engine.*, config.insight.teacher.*: once
-    engine = policy_engine(settings, model, workdir=...)
-    teacher, teacher_tokenizer = teacher_engine(settings)     # (None, None) if unused
+    engines = EngineConfig.of(settings)                       # settings.engine.*, settings.insight.teacher.*: once
+    engine = policy_engine(engines, model, workdir=...)
+    teacher, teacher_tokenizer = teacher_engine(engines)      # (None, None) if unused
 
 The policy engine receives the trainer's weight pushes; the teacher never does.
 
@@ -23,10 +23,10 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import ml_collections
 from flax import nnx
 
 from rltldr_jax.engines.engine import GenerationEngine
+from rltldr_jax.settings import Settings, build
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.user_modules import import_user_module
 
@@ -131,18 +131,13 @@ class TeacherConfig:
     allow_nonfinite: bool
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> TeacherConfig | None:
-        """The teacher of a run's config, or None unless `insight.source="teacher"`."""
-        if config.insight.source != "teacher":
+    def of(cls, settings: Settings) -> TeacherConfig | None:
+        """The teacher of a run's settings, or None unless `insight.source="teacher"`."""
+        if settings.insight.source != "teacher":
             return None
-        t, m = config.insight.teacher, config.model
-        return cls(
-            checkpoint=t.checkpoint,
-            servers=t.servers,
-            tokenizer=t.tokenizer,
-            dtype=m.dtype,
-            param_dtype=m.param_dtype,
-            allow_nonfinite=m.allow_nonfinite,
+        m = settings.model
+        return build(
+            cls, settings.insight.teacher, dtype=m.dtype, param_dtype=m.param_dtype, allow_nonfinite=m.allow_nonfinite
         )
 
 
@@ -169,25 +164,13 @@ class EngineConfig:
     teacher: TeacherConfig | None = None
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> EngineConfig:
-        """The engines of a run's config."""
-        e = config.engine
-        return cls(
-            kind=e.kind,
-            servers=e.servers,
-            http_servers=e.http_servers,
-            request_timeout_s=e.request_timeout_s,
-            weight_sync_dir=e.weight_sync_dir,
-            max_batch=e.max_batch,
-            batch_invariant=e.batch_invariant,
-            prefix_cache_mb=e.prefix_cache_mb,
-            prefill_chunk=e.prefill_chunk,
-            weights_dtype=e.weights_dtype,
-            decode_steps=e.decode_steps,
-            decode_group=e.decode_group,
-            assume_initial_weights=e.assume_initial_weights,
-            max_context_tokens=config.rollout.max_context_tokens,
-            teacher=TeacherConfig.from_config(config),
+    def of(cls, settings: Settings) -> EngineConfig:
+        """The engines of a run's settings."""
+        return build(
+            cls,
+            settings.engine,
+            max_context_tokens=settings.rollout.max_context_tokens,
+            teacher=TeacherConfig.of(settings),
         )
 
     def jax_engine_options(self) -> dict[str, Any]:

@@ -90,6 +90,7 @@ from rltldr_jax.models.qwen3_5 import (
     unroll,
     unroll_state,
 )
+from rltldr_jax.settings import choices
 
 MIN_PREFILL_BUCKET = MIN_CHUNK_BUCKET  # the shortest prefill call
 # Prefill chunk C, measured on CPU (benchmarks/engine.py's model, block-skipping attention). One 1000-token prompt
@@ -99,7 +100,7 @@ MIN_PREFILL_BUCKET = MIN_CHUNK_BUCKET  # the shortest prefill call
 # (2.7 / 2.3 s without). A larger C prefills a new prompt faster, a smaller one recomputes less after a hit.
 DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
-WEIGHTS_DTYPES = ("", "float32", "bfloat16")
+WEIGHTS_DTYPES = choices("engine.weights_dtype")
 # Fused decode (module doc): up to DEFAULT_DECODE_STEPS tokens per device call, slots decoded in groups of
 # DEFAULT_DECODE_GROUP rows (fewer when max_batch is smaller). The device ends a call at a request's first
 # MAX_STOP_IDS stop ids; the host checks them all after each call (tokens sampled past a later one are dropped).

@@ -1000,7 +1000,7 @@ def sequence_logprobs(
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """How to build a model: architecture, dtypes, remat (what `configs/base.py`'s `model.*` fields map to), and the
+    """How to build a model: architecture, dtypes, remat (what the `model.*` settings map to), and the
     attention implementation (ATTENTION_IMPLS; "auto" picks per backend)."""
 
     config: Qwen35Config

@@ -16,22 +16,19 @@ work at all?).
 
 from __future__ import annotations
 
-import copy
-
-import ml_collections
-
 from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.analysis.insight_curves import CurveResult, curve_tasks, insight_curves
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
 from rltldr_jax.metrics import insight_advantage
+from rltldr_jax.settings import Settings, replace
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.evaluation import evaluate, policy_for_eval
 from rltldr_jax.train.setup import env_maker, policy_tokenizer
 
 
 def base_checks(
-    config: ml_collections.ConfigDict,
+    config: Settings,
     *,
     iid_samples: int = 64,
     max_k: int = 8,
@@ -58,10 +55,10 @@ def base_checks(
     tokenizer = policy_tokenizer(config)
     builder = context_builder(config, tokenizer)
     make_env = env_maker(config)
-    engine = policy_engine(EngineConfig.from_config(config), model, workdir=config.workdir or ".")
+    engine = policy_engine(EngineConfig.of(config), model, workdir=config.workdir or ".")
     checks: dict[str, float] = {}
     try:
-        writer = InsightWriter.from_config(config, tokenizer, engine)
+        writer = InsightWriter.of(config, tokenizer, engine)
         tasks = curve_tasks(config, num_tasks=num_tasks)
         iid = insight_curves(
             engine,
@@ -112,8 +109,7 @@ def base_checks(
         checks["heldout_pass@1"] = held_out["eval/pass@1/all"]
         checks["heldin_pass@1"] = held_in["eval_train/pass@1/all"]
         if easy_split:
-            easy = copy.deepcopy(config)
-            easy.env.eval_split, easy.eval.num_tasks = easy_split, num_tasks
+            easy = replace(config, {"env.eval_split": easy_split, "eval.num_tasks": num_tasks})
             checks["easy_pass@1"] = evaluate(engine, builder, easy, make_env=make_env, tag=0)[0]["eval/pass@1/all"]
     finally:
         close_engine(engine)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import copy
 import dataclasses
 import functools
 import inspect
@@ -39,7 +38,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
-import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.collector import PhaseResult
@@ -57,6 +55,7 @@ from rltldr_jax.replication.grid import (
     stale_reason,
 )
 from rltldr_jax.replication.report import best_train_pass1, replaced, write_results
+from rltldr_jax.settings import Settings, replace
 from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
 from rltldr_jax.train.resume import LOCK, WorkdirInUseError, lock_workdir
 from rltldr_jax.train.stopping import Interrupted
@@ -295,7 +294,7 @@ def held(directory: str, what: str, echo: Callable[[str], None]) -> Iterator[Non
         lock.close()
 
 
-def base_policy(config: ml_collections.ConfigDict, *, progress: bool = False) -> str:
+def base_policy(config: Settings, *, progress: bool = False) -> str:
     """The pretrained checkpoint of `config`: cached, shipped with the package (`pretrain.shipped`), or pretrained
     now in a fresh process."""
     return find_pretrained(config) or isolated(pretrain, config, progress=progress)
@@ -305,7 +304,7 @@ def base_policy(config: ml_collections.ConfigDict, *, progress: bool = False) ->
 CHECKS_FILES = ("checks.json", "insight_curves.csv", "insight_curves_attempts.csv", "insight_curves.png")
 
 
-def checks_stale(out: str, config: ml_collections.ConfigDict, sizes: Mapping[str, int]) -> str | None:
+def checks_stale(out: str, config: Settings, sizes: Mapping[str, int]) -> str | None:
     """Why the base checks saved in `out` are not those of `config`'s base policy at these `sizes` (None if they
     are, or if there are none)."""
     path = os.path.join(out, "checks.json")
@@ -321,7 +320,7 @@ def checks_stale(out: str, config: ml_collections.ConfigDict, sizes: Mapping[str
 
 
 def seed_checks(
-    config: ml_collections.ConfigDict, out: str, *, progress: bool = False, restart: bool = False, **sizes: int
+    config: Settings, out: str, *, progress: bool = False, restart: bool = False, **sizes: int
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The base checks of one seed's pretrained policy (computed once, then read from `{out}/checks.json`);
     returns (checks, Pass@k curve per mode). `sizes` go to `base_checks` (iid_samples, num_tasks). Checks saved
@@ -341,8 +340,7 @@ def seed_checks(
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
         return saved["checks"], saved["curves"]
-    c = copy.deepcopy(config)
-    c.workdir = out
+    c = replace(config, {"workdir": out})
     checks, curves = base_checks(c, progress=progress, max_k=config.rollout.group_size, **sizes)
     write_curves(curves, out)
     saved = {
@@ -390,8 +388,8 @@ def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -
 
 
 def _resolve_base_policies(
-    configs: dict[tuple[str, int], ml_collections.ConfigDict],
-) -> dict[tuple[str, int], ml_collections.ConfigDict]:
+    configs: dict[tuple[str, int], Settings],
+) -> dict[tuple[str, int], Settings]:
     """`configs` with `model.checkpoint` set where the arm pretrains: the cached or shipped policy, else where
     pretraining will put it (`pretrained_dir`). Arms that pretrain alike share one lookup."""
     found: dict[str, str] = {}  # pretraining directory -> checkpoint
@@ -401,15 +399,12 @@ def _resolve_base_policies(
             key = pretrained_dir(c)
             if key not in found:
                 found[key] = find_pretrained(c) or key
-            c = copy.deepcopy(c)
-            c.model.checkpoint = found[key]
+            c = replace(c, {"model.checkpoint": found[key]})
         out[k] = c
     return out
 
 
-def refuse_stale(
-    runs: Sequence[Run], checks_of: Mapping[int, ml_collections.ConfigDict], out: str, sizes: Mapping[str, int]
-) -> None:
+def refuse_stale(runs: Sequence[Run], checks_of: Mapping[int, Settings], out: str, sizes: Mapping[str, int]) -> None:
     """Raises GridError (one line) when `out` holds finished runs, or base checks, made with other settings than the
     grid asks for: naming each, what differs, and the fix."""
     stale: list[tuple[Run | None, str, str]] = []  # (run, what, why)
@@ -479,7 +474,7 @@ def write_report(
 
 
 def run_replication(
-    configs: Mapping[tuple[str, int], ml_collections.ConfigDict],
+    configs: Mapping[tuple[str, int], Settings],
     out: str,
     *,
     title: str = "",

@@ -20,7 +20,6 @@ with. `finished_runs(out)` reads every finished run of a grid directory, whichev
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -32,8 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ml_collections
-
+from rltldr_jax.settings import Settings, as_dict, replace
 from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free, run_contents
 
 log = logging.getLogger(__name__)
@@ -50,9 +48,9 @@ RESULT_KEYS = ("train.env_step_budget", "train.max_phases", "train.overlap_phase
 LAST_PHASES = 5
 
 
-def config_digest(config: ml_collections.ConfigDict) -> str:
+def config_digest(config: Settings) -> str:
     """A hash of what a run trains (name and workdir excluded): equal digests mean identical runs."""
-    d = config.to_dict()
+    d = as_dict(config)
     d.pop("name", None)
     d.pop("workdir", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -71,7 +69,7 @@ class Run:
 
     arm: str
     seed: int
-    config: ml_collections.ConfigDict
+    config: Settings
     shared_with: str = ""
     depends_on: str = ""
 
@@ -90,9 +88,7 @@ class Run:
         return self.config.mode == "sft"
 
 
-def plan_runs(
-    configs: Mapping[tuple[str, int], ml_collections.ConfigDict], out: str, *, rollouts_of: str = "rltldr"
-) -> list[Run]:
+def plan_runs(configs: Mapping[tuple[str, int], Settings], out: str, *, rollouts_of: str = "rltldr") -> list[Run]:
     """The grid's runs in execution order: per seed, the RL arms (an arm identical to an earlier one shares its
     run), then the offline SFT arms, which train on the rollouts of the same seed's `rollouts_of` arm.
 
@@ -108,10 +104,10 @@ def plan_runs(
         workdirs: dict[str, str] = {}
         online = [a for a in arms if configs[(a, seed)].mode != "sft"]
         for arm in online:
-            config = copy.deepcopy(configs[(arm, seed)])
-            digest = config_digest(config)
+            digest = config_digest(configs[(arm, seed)])
             owner = first.setdefault(digest, arm)
-            config.workdir = os.path.abspath(os.path.join(out, "runs", f"{owner}-s{seed}"))
+            workdir = os.path.abspath(os.path.join(out, "runs", f"{owner}-s{seed}"))
+            config = replace(configs[(arm, seed)], {"workdir": workdir})
             workdirs[arm] = config.workdir
             runs.append(Run(arm, seed, config, shared_with=owner if owner != arm else ""))
         for arm in arms:
@@ -123,9 +119,8 @@ def plan_runs(
                     f"which is not in the grid for seed {seed}: "
                     f"add {rollouts_of!r} to --arms"
                 )
-            config = copy.deepcopy(configs[(arm, seed)])
-            config.workdir = os.path.abspath(os.path.join(out, "runs", f"{arm}-s{seed}"))
-            config.sft.rollouts_dir = workdirs[rollouts_of]
+            workdir = os.path.abspath(os.path.join(out, "runs", f"{arm}-s{seed}"))
+            config = replace(configs[(arm, seed)], {"workdir": workdir, "sft.rollouts_dir": workdirs[rollouts_of]})
             runs.append(Run(arm, seed, config, depends_on=workdirs[rollouts_of]))
     return runs
 
@@ -162,10 +157,10 @@ def _counts(key: str) -> bool:
     return not is_free(key) or any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESULT_KEYS)
 
 
-def _changes(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
+def _changes(saved: Mapping[str, Any], config: Settings) -> list[tuple[str, Any, Any]]:
     """(key, old, new) of every key that counts (`_counts`) in which `config` differs from a run's `saved` config;
     keys only one side has (added to or removed from the code since) do not count, as on resume."""
-    return [(k, o, n) for k, o, n in config_changes(saved, config.to_dict()) if _counts(k) and MISSING not in (o, n)]
+    return [(k, o, n) for k, o, n in config_changes(saved, as_dict(config)) if _counts(k) and MISSING not in (o, n)]
 
 
 def _show(changes: Sequence[tuple[str, Any, Any]]) -> str:
@@ -288,7 +283,7 @@ def summarize_run(run: Run, *, walltime_s: float, sft_metrics: Mapping[str, floa
         "env_steps": 0 if run.offline else int(phases[-1]["env_steps"]) if phases else 0,
         "walltime_s": walltime_s,
         "final": {k: v for k, v in final.items() if k.startswith(("eval/", "eval_train/"))},
-        "config": json.loads(json.dumps(run.config.to_dict(), default=str)),
+        "config": json.loads(json.dumps(as_dict(run.config), default=str)),
         **({"rollouts_of": (read_summary(run.depends_on) or {}).get("digest")} if run.depends_on else {}),
     }
 

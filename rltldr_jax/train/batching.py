@@ -20,7 +20,7 @@ docstrings), registered by name in `INSIGHT_ROLLOUTS`; a new baseline is one cla
 Writer SFT (Table 8, RLTF-FM / self-play insight SFT, `writer_examples`) adds to any mode: the insight in the
 insight writer's own context (A.1 prompt with the failed rollout and report), π(f | τ), as `writer_mask` targets.
 
-    config = ExampleConfig.from_config(run_config)                  # the loss.* keys, built once
+    config = ExampleConfig.of(settings)                             # the loss.* settings, built once
     examples, stats = phase_examples(attempts, builder, config, writer_outputs=..., seed=...)
 """
 
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.episode import Attempt, task_text
@@ -39,6 +38,7 @@ from rltldr_jax.agent.insight import WriterOutput
 from rltldr_jax.agent.step_examples import Example, attempt_examples
 from rltldr_jax.envs.base import Task
 from rltldr_jax.losses import group_advantages, nonzero_advantage_groups, positive_ratio_filter
+from rltldr_jax.settings import Settings, build, choices
 from rltldr_jax.tokenization import ContextBuilder, Insight
 from rltldr_jax.train.step import BASE_MASKS, TrainBatch
 
@@ -197,7 +197,7 @@ class SelfDistill(WithoutInsights):
         return attempt_examples(attempt, advantage, builder, with_insights=False, detach_ratio=True)
 
 
-#: The rollout modes by `loss.insight_rollouts` name (configs/base.py takes its choices from here).
+#: The rollout modes by name: the choices of `loss.insight_rollouts` (rltldr_jax/settings.py).
 INSIGHT_ROLLOUTS: dict[str, type[RolloutMode]] = {
     "in_context": InContext,
     "off_policy": OffPolicy,
@@ -205,7 +205,7 @@ INSIGHT_ROLLOUTS: dict[str, type[RolloutMode]] = {
 }
 
 #: Values of `loss.writer_sft_filter`: every insight, or only those after which the task's next attempt succeeded.
-WRITER_SFT_FILTERS = ("all", "next_success")
+WRITER_SFT_FILTERS = choices("loss.writer_sft_filter")
 
 
 def _rewards(attempts: Sequence[Attempt]) -> np.ndarray:
@@ -261,21 +261,9 @@ class ExampleConfig:
             )
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> ExampleConfig:
-        """The settings of a run's `config.loss`."""
-        c = config.loss
-        return cls(
-            lam=c.lam,
-            grpo_coef=c.grpo_coef,
-            std_normalize=c.std_normalize,
-            filter_zero_advantage=c.filter_zero_advantage,
-            positive_ratio=c.positive_ratio,
-            split_advantages=c.split_advantages,
-            sft_on_filtered=c.sft_on_filtered,
-            insight_rollouts=c.insight_rollouts,
-            writer_sft_coef=c.writer_sft_coef,
-            writer_sft_filter=c.writer_sft_filter,
-        )
+    def of(cls, settings: Settings) -> ExampleConfig:
+        """The settings of a run's `loss.*`."""
+        return build(cls, settings.loss)
 
     @property
     def keep_filtered_as_sft(self) -> bool:

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ml_collections
-
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
@@ -29,13 +27,14 @@ from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task
 from rltldr_jax.metrics import summarize
+from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer, context_builder, load_tokenizer
 
 
 def evaluate(
     engine: GenerationEngine,
     builder: ContextBuilder,
-    config: ml_collections.ConfigDict,
+    config: Settings,
     *,
     make_env: Callable[[], Env],
     tag: int = 0,
@@ -62,7 +61,7 @@ def evaluate(
         engine,
         make_env,
         builder,
-        EpisodeConfig.from_config(config),
+        EpisodeConfig.of(config),
         InsightSchedule("never"),
         None,
         group_size=k,
@@ -147,7 +146,7 @@ def _checkpoint_policy(directory: str, step: int | None) -> tuple[Any, str | Non
     return arch, _tokenizer_source(source), recorded
 
 
-def _config_policy(config: ml_collections.ConfigDict) -> tuple[Any, str | None, str]:
+def _config_policy(config: Settings) -> tuple[Any, str | None, str]:
     """(architecture or None, tokenizer source or None, description) of the policy the config itself names, if it
     names one: `tokenizer`, `model.checkpoint`, or the pretrained base policy of `pretrain.*` (its architecture is
     `model.preset`; its tokenizer is compared when it is already cached or shipped: nothing is pretrained here)."""
@@ -172,7 +171,7 @@ def _config_policy(config: ml_collections.ConfigDict) -> tuple[Any, str | None, 
 
 
 def _check_policy(
-    config: ml_collections.ConfigDict, checkpoint: str, arch: Any, own: str | None, recorded: dict[str, Any] | None
+    config: Settings, checkpoint: str, arch: Any, own: str | None, recorded: dict[str, Any] | None
 ) -> None:
     """Raises ValueError (one line, naming both) when the checkpoint's architecture `arch` or tokenizer `own`
     differs from the policy the config names (`_config_policy`)."""
@@ -204,7 +203,7 @@ def _check_policy(
         )
 
 
-def eval_policy(config: ml_collections.ConfigDict, checkpoint: str | None, *, progress: bool = False) -> EvalPolicy:
+def eval_policy(config: Settings, checkpoint: str | None, *, progress: bool = False) -> EvalPolicy:
     """The policy `launch/eval.py` evaluates, with its own tokenizer.
 
     Which policy: `checkpoint` (an HF directory or a training checkpoint directory `DIR[:STEP]`), else the latest
@@ -281,15 +280,13 @@ def eval_policy(config: ml_collections.ConfigDict, checkpoint: str | None, *, pr
     return EvalPolicy(model, what, step, tokenizer)
 
 
-def policy_for_eval(config: ml_collections.ConfigDict, checkpoint: str | None) -> tuple[Any, str, int | None]:
+def policy_for_eval(config: Settings, checkpoint: str | None) -> tuple[Any, str, int | None]:
     """(model, description, training step or None) of `eval_policy(config, checkpoint)`."""
     policy = eval_policy(config, checkpoint)
     return policy.model, policy.what, policy.step
 
 
-def evaluate_checkpoint(
-    config: ml_collections.ConfigDict, checkpoint: str | None = None, out: str | None = None
-) -> dict[str, Any]:
+def evaluate_checkpoint(config: Settings, checkpoint: str | None = None, out: str | None = None) -> dict[str, Any]:
     """What `launch/eval.py` does: evaluates a checkpoint, writes the JSON report, prints the headline numbers.
 
     The sampling seeds are those of the trainer's own evaluation after phase `step` (the checkpoint's step), so
@@ -306,7 +303,7 @@ def evaluate_checkpoint(
     model, what, step = policy.model, policy.what, policy.step
     builder = context_builder(config, policy.tokenizer)
     workdir = workdir_of(config)
-    engine = policy_engine(EngineConfig.from_config(config), model, workdir=workdir)
+    engine = policy_engine(EngineConfig.of(config), model, workdir=workdir)
     t0 = time.time()
     try:
         if config.engine.kind != "jax":

@@ -1,6 +1,6 @@
 """The RLTL;DR training loop: phases of sequential collection, then the update, weight push, logs, checkpoints.
 
-    trainer = Trainer(config)        # config from configs/*.py (validated)
+    trainer = Trainer(settings)      # settings = ablations.resolve(config of configs/*.py)
     trainer.run()                    # until train.env_step_budget / train.max_phases
     trainer.evaluate()               # held-out tasks, K attempts each, no insights: macro Pass@1 and Pass@K
 
@@ -55,7 +55,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult
@@ -71,6 +70,7 @@ from rltldr_jax.engines.engine import OnMainProcess
 from rltldr_jax.engines.factory import EngineConfig, close_engine, ensure_served, policy_engine, teacher_engine
 from rltldr_jax.envs import TaskSource, load_tasks
 from rltldr_jax.metrics import summarize
+from rltldr_jax.settings import Settings, as_dict, build
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import ExampleConfig, length_buckets, pack, phase_examples
@@ -84,7 +84,7 @@ from rltldr_jax.train.resume import (
     rollouts_from,
 )
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_from_config
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_of
 from rltldr_jax.train.stopping import Interrupted, RunStopped, StopSignals, signal_name
 from rltldr_jax.train.summary import SummaryWriter
 
@@ -95,7 +95,7 @@ class Trainer:
     """Builds every part from a config and runs phases (see the module docstring).
 
     Args:
-      config: a validated config (`configs.base.resolve`).
+      config: the run's settings (`rltldr_jax.config.ablations.resolve` of a config: validated, paths absolute).
       resume: continue from the newest intact checkpoint in the workdir (a damaged newer one is skipped with a
         warning), if any. Rollout files, checkpoints and TensorBoard events the stopped run wrote after it are
         moved aside or purged, so redone phases appear once. Without `resume` (or `restart`) a workdir that already
@@ -110,7 +110,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        config: Settings,
         *,
         resume: bool = False,
         restart: bool = False,
@@ -145,17 +145,17 @@ class Trainer:
         self.tokenizer = policy_tokenizer(config)
         self.builder = context_builder(config, self.tokenizer)
         # The typed settings of the library parts, built once from the config.
-        self.example_config = ExampleConfig.from_config(config)
-        self.update_config = UpdateConfig.from_config(config)
-        self.engine_config = EngineConfig.from_config(config)
+        self.example_config = ExampleConfig.of(config)
+        self.update_config = UpdateConfig.of(config)
+        self.engine_config = EngineConfig.of(config)
         model = build_policy(config)
         self.model_config = model.config
-        tx = optimizer_from_config(config.optim)
+        tx = optimizer_of(config.optim)
         self.update = ShardedUpdate(
-            MeshConfig.from_config(config),
+            build(MeshConfig, config.mesh),
             model,
             tx,
-            LossConfig.from_config(config),
+            LossConfig.of(config.loss),
             micro_batch_size=self.update_config.rows_per_micro_batch,
             rows_key="batch.pack_rows" if self.update_config.pack_rows else "batch.micro_batch_size",
         )
@@ -186,16 +186,16 @@ class Trainer:
             self.teacher, teacher_tokenizer = teacher_engine(self.engine_config)
         else:
             self.teacher, teacher_tokenizer = OnMainProcess("the teacher"), None
-        self.schedule = InsightSchedule.from_config(config)
+        self.schedule = build(InsightSchedule, config.insight)
         writer = None
         if config.insight.schedule != "never":
-            writer = InsightWriter.from_config(config, self.tokenizer, self.engine, self.teacher, teacher_tokenizer)
+            writer = InsightWriter.of(config, self.tokenizer, self.engine, self.teacher, teacher_tokenizer)
         self.progress = progress
         self.collector = Collector(
             self.engine,
             self._make_env,
             self.builder,
-            EpisodeConfig.from_config(config),
+            EpisodeConfig.of(config),
             self.schedule,
             writer,
             group_size=config.rollout.group_size,
@@ -253,7 +253,7 @@ class Trainer:
             self.close()
 
     def _run(self, signals: StopSignals) -> None:
-        overlap = bool(self.config.train.get("overlap_phases", False))
+        overlap = self.config.train.overlap_phases
         evaluated = self.phase if self.phase and self._evaluation_recorded(self.phase) else -1
         if self.done() and evaluated == self.phase and self.checkpoints.latest_step() == self.phase:
             t = self.config.train
@@ -505,7 +505,7 @@ class Trainer:
             "version": self.version,
             "walltime": time.time() - self.start_time,
             "task_cursor": self._task_cursor(),
-            "config": self.config.to_dict(),
+            "config": as_dict(self.config),
         }
         self.checkpoints.save(
             self.phase,
@@ -524,7 +524,7 @@ class Trainer:
     def _check_config(self, step: int, meta: dict[str, Any]) -> None:
         """Logs the config changes since checkpoint `step` and refuses those that change what the run trains."""
         if step != self._config_checked and "config" in meta:
-            check_config_changes(meta["config"], self.config.to_dict(), allow=self._allow_config_change, step=step)
+            check_config_changes(meta["config"], as_dict(self.config), allow=self._allow_config_change, step=step)
             self._config_checked = step
 
     def _resume(self, candidates: list[int], *, explicit: bool) -> None:
@@ -633,19 +633,16 @@ class UpdateConfig:
         return self.pack_rows or self.micro_batch_size
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> UpdateConfig:
-        """The update settings of a run's config."""
-        b = config.batch
-        return cls(
-            ppo_epochs=b.ppo_epochs,
-            micro_batch_size=b.micro_batch_size,
-            grad_accum_steps=b.grad_accum_steps,
-            pad_to_multiple=b.pad_to_multiple,
-            max_context_tokens=config.rollout.max_context_tokens,
-            max_logprob_gap=config.train.max_logprob_gap,
-            seed=config.seed,
-            length_buckets=length_buckets(b.length_buckets, b.pad_to_multiple, config.rollout.max_context_tokens),
-            pack_rows=b.pack_rows,
+    def of(cls, settings: Settings) -> UpdateConfig:
+        """The update settings of a run."""
+        b, max_context = settings.batch, settings.rollout.max_context_tokens
+        return build(
+            cls,
+            b,
+            max_context_tokens=max_context,
+            max_logprob_gap=settings.train.max_logprob_gap,
+            seed=settings.seed,
+            length_buckets=length_buckets(b.length_buckets, b.pad_to_multiple, max_context),
         )
 
 

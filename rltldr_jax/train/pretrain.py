@@ -25,7 +25,6 @@ ship with the package (`SHIPPED_DIR`, 1 MB each) and are used when their key mat
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -36,7 +35,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -45,6 +43,7 @@ from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
+from rltldr_jax.settings import Settings, as_dict, build, replace
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
 from rltldr_jax.train.batching import pack
@@ -63,13 +62,13 @@ PAD_MULTIPLE = 64
 LENGTH_BUCKETS = 4
 
 
-def pretrain_key(config: ml_collections.ConfigDict) -> str:
+def pretrain_key(config: Settings) -> str:
     """A hash of everything the pretrained checkpoint depends on: the pretrain settings (cache_dir excluded), the
     architecture, dtypes, environment (and the source of its world: `registry.world_fingerprint`), insight cap,
     seed and the recipe version."""
     p = config.pretrain
     parts = {
-        "pretrain": {k: v for k, v in p.to_dict().items() if k not in ("cache_dir", "shipped")},
+        "pretrain": {k: v for k, v in as_dict(p).items() if k not in ("cache_dir", "shipped")},
         "preset": config.model.preset,
         "architecture": get_preset(config.model.preset).to_hf_dict(),
         "dtype": [config.model.dtype, config.model.param_dtype],
@@ -83,7 +82,7 @@ def pretrain_key(config: ml_collections.ConfigDict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def pretrained_dir(config: ml_collections.ConfigDict) -> str:
+def pretrained_dir(config: Settings) -> str:
     """Where the pretrained checkpoint of `config` lives: {cache_dir}/{env}-{preset}-s{seed}-{hash}."""
     cache = config.pretrain.cache_dir or os.path.join("runs", "pretrained")
     env = get_spec(config.env.name).name  # (an import path's ':' never in a file name)
@@ -95,18 +94,18 @@ def pretrained_dir(config: ml_collections.ConfigDict) -> str:
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "replication", "base_policies")
 
 
-def shipped_dir(config: ml_collections.ConfigDict) -> str | None:
+def shipped_dir(config: Settings) -> str | None:
     """The shipped base policy with `config`'s pretraining key, or None (none shipped, or `pretrain.shipped` off).
     Rebuild them after a change to the world or the recipe (`python launch/pretrain.py --config=configs/replicate.py
     --config.seed=S --config.pretrain.shipped=False
     --config.pretrain.cache_dir=rltldr_jax/replication/base_policies`)."""
-    if not config.pretrain.get("shipped", False):
+    if not config.pretrain.shipped:
         return None
     path = os.path.join(SHIPPED_DIR, os.path.basename(pretrained_dir(config)))
     return path if os.path.isfile(os.path.join(path, "pretrain.json")) else None
 
 
-def find_pretrained(config: ml_collections.ConfigDict) -> str | None:
+def find_pretrained(config: Settings) -> str | None:
     """The checkpoint `pretrain` would return without training: the cached one, else the shipped one, else None."""
     cached = pretrained_dir(config)
     if os.path.isfile(os.path.join(cached, "pretrain.json")):
@@ -119,7 +118,7 @@ def find_pretrained(config: ml_collections.ConfigDict) -> str | None:
     return shipped
 
 
-def build_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
+def build_tokenizer(config: Settings) -> Tokenizer:
     """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
     demonstrations (seed 0), plus the chat scaffolding's words."""
     draw = demonstrations(config.env.name, insight_prob=1.0, max_insights=config.insight.max_insights)
@@ -144,7 +143,7 @@ def demonstration_example(
     return Example(ctx.ids, np.zeros(n, np.float32), np.zeros(n, bool), target, 0.0, task.task_id, 0, 0)
 
 
-def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _optimizer(config: Settings) -> optax.GradientTransformation:
     p = config.pretrain
     schedule = optax.warmup_cosine_decay_schedule(
         0.0,
@@ -156,9 +155,7 @@ def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformatio
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=p.weight_decay))
 
 
-def pretrain(
-    config: ml_collections.ConfigDict, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None
-) -> str:
+def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int, float], None] | None = None) -> str:
     """Pretrains `config.model.preset` from random weights (seed `config.seed`) on the environment's
     demonstrations, or returns the cached (or shipped, `shipped_dir`) result; returns the checkpoint directory.
 
@@ -185,7 +182,7 @@ def pretrain(
     builder = ContextBuilder(tokenizer, thinking=config.rollout.thinking)
     spec = ModelSpec(arch, dtype=getattr(jnp, config.model.dtype), param_dtype=getattr(jnp, config.model.param_dtype))
     model = spec.build(seed=config.seed)
-    mesh, loss_cfg = MeshConfig.from_config(config), LossConfig(lam=1.0, grpo_coef=0.0)
+    mesh, loss_cfg = build(MeshConfig, config.mesh), LossConfig(lam=1.0, grpo_coef=0.0)
     update = ShardedUpdate(mesh, model, _optimizer(config), loss_cfg, micro_batch_size=p.batch_size)
     draw = demonstrations(
         config.env.name,
@@ -238,7 +235,7 @@ def pretrain(
         "key": pretrain_key(config),
         "seconds": time.time() - t0,
         "nll_curve": curve,
-        "pretrain": p.to_dict(),
+        "pretrain": as_dict(p),
         "preset": config.model.preset,
         "env": config.env.name,
         "seed": config.seed,
@@ -251,12 +248,10 @@ def pretrain(
     return out
 
 
-def ensure_pretrained(config: ml_collections.ConfigDict, *, progress: bool = False) -> ml_collections.ConfigDict:
+def ensure_pretrained(config: Settings, *, progress: bool = False) -> Settings:
     """`config` itself when it needs no pretraining (pretrain.steps == 0 or model.checkpoint set); else a copy
     whose `model.checkpoint` is the (cached or new) pretrained checkpoint."""
     if config.pretrain.steps <= 0 or config.model.checkpoint:
         return config
     path = pretrain(config, progress=progress)
-    c = copy.deepcopy(config)
-    c.model.checkpoint = path
-    return c
+    return replace(config, {"model.checkpoint": path})

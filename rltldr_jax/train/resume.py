@@ -1,7 +1,7 @@
 """Starting and resuming runs in a workdir without mixing or hiding anything.
 
     lock = claim_workdir(workdir, resume=False, restart=False)  # refuses a workdir in use or holding a run
-    check_config_changes(saved_config, config.to_dict(), allow=False)   # on resume: logs and refuses changes
+    check_config_changes(saved_config, as_dict(settings), allow=False)   # on resume: logs and refuses changes
     move_aside(workdir, paths, why)                           # leftovers of a killed phase, newer checkpoints
 
 Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to

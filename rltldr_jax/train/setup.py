@@ -1,7 +1,7 @@
 """What the RL trainer and the offline SFT trainer share: the policy from a config, and the sharded update.
 
 model = build_policy(config)                                   # HF weights, or the tiny preset's random ones
-update = ShardedUpdate(MeshConfig.from_config(config), model, tx, LossConfig.from_config(config),
+update = ShardedUpdate(build(MeshConfig, config.mesh), model, tx, LossConfig.of(config.loss),
                        micro_batch_size=config.batch.micro_batch_size)   # params + optimizer state on the mesh
 metrics = update.step(batch)                                   # one optimizer step; params, opt_state updated
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -24,29 +23,30 @@ from rltldr_jax import distributed, sharding
 from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
 
 
-def workdir_of(config: ml_collections.ConfigDict) -> str:
+def workdir_of(config: Settings) -> str:
     """Where a run's checkpoints, event files and rollouts go: `config.workdir`, else runs/{env}-{name}; absolute
     (a relative one is taken against the current directory, as the launchers' config resolution does)."""
     env = config.env.name if ":" not in config.env.name else get_spec(config.env.name).name  # (not a path's ':')
     return os.path.abspath(config.workdir or os.path.join("runs", f"{env}-{config.name}"))
 
 
-def policy_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
+def policy_tokenizer(config: Settings) -> Tokenizer:
     """`config.tokenizer`, else the policy checkpoint's, else the built-in Qwen 3.5 tokenizer."""
     return load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
 
 
-def env_maker(config: ml_collections.ConfigDict) -> Callable[[], Env]:
+def env_maker(config: Settings) -> Callable[[], Env]:
     """Builds one environment of `config.env` per call (the collector makes one per attempt chain)."""
     e = config.env
     return lambda: make_env(e.name, step_timeout_s=e.step_timeout_s, memory_limit_mb=e.memory_limit_mb)
 
 
-def build_policy(config: ml_collections.ConfigDict) -> Any:
+def build_policy(config: Settings) -> Any:
     """The Qwen35 policy of `config.model`: `model.checkpoint`'s weights, or random ones for the tiny preset only
     (a paper-size preset without weights fails here, saying where to get them)."""
     dtype = getattr(jnp, config.model.dtype)

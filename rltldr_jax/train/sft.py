@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
@@ -31,18 +30,19 @@ from rltldr_jax.agent.step_examples import Example, attempt_examples
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.distributed import from_main_process
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
+from rltldr_jax.settings import Settings, as_dict, build, choices
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_from_config
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_of
 from rltldr_jax.train.summary import SummaryWriter
 
 log = logging.getLogger(__name__)
 
-SFT_DATA = ("rollouts", "insights")
+SFT_DATA = choices("sft.data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ def sft_examples(
     return SFTData(examples, used, int(sum(e.insight_mask.sum() for e in examples)))
 
 
-def run_sft(config: ml_collections.ConfigDict, *, progress: bool = False, restart: bool = False) -> dict[str, float]:
+def run_sft(config: Settings, *, progress: bool = False, restart: bool = False) -> dict[str, float]:
     """Trains the offline SFT baseline of `config.sft`, checkpoints it, evaluates it; returns the metrics.
 
     Like a `Trainer`, it refuses a workdir that holds a run (`RunExistsError`; `restart=True` moves that run to
@@ -131,7 +131,7 @@ def run_sft(config: ml_collections.ConfigDict, *, progress: bool = False, restar
         lock.close()
 
 
-def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, float]:
+def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]:
     builder = context_builder(config, policy_tokenizer(config))
     s = config.sft
     data = sft_examples(
@@ -143,9 +143,9 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) ->
         seed=config.seed,
     )
     model = build_policy(config)
-    tx = optimizer_from_config(config.optim, learning_rate=s.learning_rate)
+    tx = optimizer_of(config.optim, learning_rate=s.learning_rate)
     update = ShardedUpdate(
-        MeshConfig.from_config(config),
+        build(MeshConfig, config.mesh),
         model,
         tx,
         LossConfig(lam=1.0, grpo_coef=0.0),
@@ -191,13 +191,13 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, progress: bool) ->
                 params=update.params,
                 opt_state=update.opt_state,
                 rng=None,
-                meta={"mode": "sft", "sft": s.to_dict(), "optimizer_steps": steps, "config": config.to_dict()},
+                meta={"mode": "sft", "sft": as_dict(s), "optimizer_steps": steps, "config": as_dict(config)},
                 model_config=model.config,
             )
         policy = update.model()  # (every process: a collective in a multi-process job)
 
         def evaluate_here() -> dict[str, float]:  # process 0 holds the engine; the others get its numbers
-            engine = policy_engine(EngineConfig.from_config(config), policy, workdir=workdir)
+            engine = policy_engine(EngineConfig.of(config), policy, workdir=workdir)
             try:
                 return evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))[0]
             finally:

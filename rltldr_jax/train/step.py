@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx, struct
@@ -30,6 +29,7 @@ from flax import nnx, struct
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, LossTerm, TermInputs, combine, parse_terms
 from rltldr_jax.losses import safe_divide
 from rltldr_jax.models.qwen3_5 import sequence_logprobs
+from rltldr_jax.settings import Loss, Optim, build, choices
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ class TrainBatch:
         return self.masks.get("writer")
 
 
+#: Positions per vocabulary-projection chunk of the loss's logprobs (`LossConfig.logprob_chunk`; not a setting).
+DEFAULT_LOGPROB_CHUNK = 128
+
 #: The coefficients and parameters `LossConfig` holds as fields (the built-in terms' `loss.*` keys).
 BUILTIN_COEFS = ("lam", "grpo_coef", "clip_eps", "writer_sft_coef")
 
@@ -134,30 +137,22 @@ class LossConfig:
     extra: dict[str, float | jax.Array] = struct.field(default_factory=dict)
     terms: tuple[str, ...] = struct.field(pytree_node=False, default=DEFAULT_TERMS)
     # Positions per vocabulary-projection chunk; chunks without a loss target are skipped (sequence_logprobs).
-    logprob_chunk: int = struct.field(pytree_node=False, default=128)
+    logprob_chunk: int = struct.field(pytree_node=False, default=DEFAULT_LOGPROB_CHUNK)
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
-        """The terms (`loss.terms`) and coefficients of a run's `config.loss`: lam, grpo_coef, clip_eps,
-        writer_sft_coef, and the `coef` and `params` keys of every other configured term."""
-        c = config.loss
-        terms = parse_terms(c.get("terms", ",".join(DEFAULT_TERMS)))
+    def of(cls, loss: Loss) -> LossConfig:
+        """The terms (`loss.terms`) and coefficients of a run's `loss.*` settings: lam, grpo_coef, clip_eps,
+        writer_sft_coef, and the `coef` and `params` keys of every other configured term (`Loss.extra`)."""
+        terms = parse_terms(loss.terms)
         keys = [k for name in terms for k in (LOSS_TERMS[name].coef, *LOSS_TERMS[name].params)]
-        missing = [k for k in keys if k not in BUILTIN_COEFS and k not in c]
+        missing = [k for k in keys if k not in BUILTIN_COEFS and k not in loss.extra]
         if missing:
             raise ValueError(
-                f"config.loss has no key {', '.join(map(repr, missing))} for loss.terms={','.join(terms)!r}: "
+                f"the loss settings have no key {', '.join(map(repr, missing))} for loss.terms={','.join(terms)!r}: "
                 "import the module that registers the term before building the config"
             )
-        extra = {k: c[k] for k in dict.fromkeys(keys) if k not in BUILTIN_COEFS}
-        return cls(
-            lam=c.lam,
-            grpo_coef=c.grpo_coef,
-            clip_eps=c.clip_eps,
-            writer_sft_coef=c.writer_sft_coef,
-            extra=extra,
-            terms=terms,
-        )
+        extra = {k: loss.extra[k] for k in dict.fromkeys(keys) if k not in BUILTIN_COEFS}
+        return build(cls, loss, extra=extra, terms=terms, logprob_chunk=DEFAULT_LOGPROB_CHUNK)
 
     def coef(self, key: str) -> float | jax.Array:
         """The coefficient or parameter of `loss.<key>`."""
@@ -177,7 +172,7 @@ class LossConfig:
 
 
 #: Values of `optim.name` that `make_optimizer` builds.
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = choices("optim.name")
 
 
 def learning_rate_schedule(learning_rate: float, warmup_steps: int = 0) -> float | optax.Schedule:
@@ -247,22 +242,10 @@ def make_optimizer(
     return optax.chain(clip, rule)
 
 
-def optimizer_from_config(
-    optim: ml_collections.ConfigDict, learning_rate: float | None = None
-) -> optax.GradientTransformation:
-    """`make_optimizer` from the `optim.*` keys of a config; `learning_rate` replaces `optim.learning_rate` (the
-    offline SFT baselines use `sft.learning_rate` with the rest of `optim.*`)."""
-    lr = optim.learning_rate if learning_rate is None else learning_rate
-    return make_optimizer(
-        lr,
-        name=optim.name,
-        warmup_steps=optim.warmup_steps,
-        b1=optim.b1,
-        b2=optim.b2,
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
-        grad_clip_norm=optim.grad_clip_norm,
-    )
+def optimizer_of(optim: Optim, learning_rate: float | None = None) -> optax.GradientTransformation:
+    """`make_optimizer` of the `optim.*` settings; `learning_rate` replaces `optim.learning_rate` (the offline SFT
+    baselines use `sft.learning_rate` with the rest of `optim.*`)."""
+    return build(make_optimizer, optim, **({} if learning_rate is None else {"learning_rate": learning_rate}))
 
 
 def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
