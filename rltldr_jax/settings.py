@@ -80,7 +80,7 @@ def section(cls: type[T]) -> T:
 def extra() -> Any:
     """The field of a section that holds its keys not declared as fields ({key: value}): `Loss.extra`, the
     coefficients of loss terms registered from outside the package."""
-    return dataclasses.field(default_factory=dict, metadata={"extra": True})
+    return dataclasses.field(default_factory=dict, hash=False, metadata={"extra": True})  # (settings stay hashable)
 
 
 _frozen = dataclasses.dataclass(frozen=True, kw_only=True)

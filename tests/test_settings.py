@@ -144,6 +144,7 @@ def test_replace_and_value_at_name_unknown_keys():
     assert s.insight.teacher.servers == ""  # a copy: settings are frozen
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.seed = 1  # type: ignore[misc]
+    assert hash(s) == hash(st.Settings())  # hashable, Loss.extra included (it is not hashed)
     for key in ("loss.nope", "rollout", "seed.x"):
         with pytest.raises(st.SettingsError, match="unknown settings key"):
             st.replace(s, {key: 1})
