@@ -393,6 +393,12 @@ class Eval:
     # eval_train/ (the "train no-insight Pass@1" of Table 2, measured as a test rather than from the training
     # attempts); 0 = off.
     train_num_tasks: int = setting(0, ge=0)
+    # Not in the paper: more evaluation sets, comma-separated split names of the environment (e.g. a world's
+    # evaluation tiers, "valid,tier1,tier2,tier3,tier4"), each evaluated the same way and logged under
+    # eval_<split>/. Each set is fixed by the world, not by the run: the first split_tasks tasks of the split in an
+    # order seeded by env.seed (all of them when 0), so every seed of a grid evaluates the same tasks.
+    splits: str = setting("")
+    split_tasks: int = setting(0, ge=0)
 
 
 # --- Offline SFT baselines (Table 2; mode = "sft") -----------------------------------------------------

@@ -21,6 +21,32 @@ def attempt_records(result: PhaseResult) -> list[AttemptRecord]:
     ]
 
 
+def split_names(splits: str) -> tuple[str, ...]:
+    """The names of `eval.splits` ("valid,tier1"), in order; ValueError (one line) for an empty or repeated name or a
+    name that is not [a-z0-9_] (it becomes a metrics prefix, `eval_<split>/`)."""
+    names = tuple(s.strip() for s in splits.split(",")) if splits.strip() else ()
+    for name in names:
+        if not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name) or name != name.lower():
+            raise ValueError(f"eval.splits={splits!r}: {name!r} is not a split name (lowercase letters, digits, _)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"eval.splits={splits!r} names a split twice")
+    if "train" in names:  # its prefix would be eval_train/, the held-in evaluation's
+        raise ValueError(f"eval.splits={splits!r}: evaluate the training split with eval.train_num_tasks (eval_train/)")
+    return names
+
+
+def split_eval_tasks(config: Settings) -> dict[str, list[Task]]:
+    """{split: tasks} of `eval.splits`: each the first `eval.split_tasks` tasks of the split (all when 0) in an order
+    seeded by `env.seed` alone, so that every run seed evaluates the same set. Loading them at start (the trainer
+    does) finds an unknown split before anything trains."""
+    out = {}
+    for split in split_names(config.eval.splits):
+        tasks = load_tasks(config.env.name, split, seed=config.env.seed)
+        n = config.eval.split_tasks
+        out[split] = list(TaskSource(tasks, seed=config.env.seed).take(min(n, len(tasks))) if n else tasks)
+    return out
+
+
 def eval_tasks(config: Settings, *, on_train_split: bool = False) -> list[Task]:
     """`eval.num_tasks` tasks of `env.eval_split` (all of them when 0), in a seeded order fixed for the run; with
     `on_train_split`, `eval.train_num_tasks` tasks of `env.train_split` instead (the held-in evaluation)."""

@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from rltldr_jax.agent.collector import exact_group_size_error
+from rltldr_jax.agent.eval_set import split_names
 from rltldr_jax.engines.engine import top_k_error
 from rltldr_jax.engines.factory import engine_kind_error
 from rltldr_jax.engines.jax_engine import decode_group_error
@@ -92,6 +93,10 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             "advantage is 0, and insights only reach later attempts of the same task); use rollout.group_size >= 2"
         )
     errors += _loss_terms_errors(c)
+    try:
+        split_names(c.eval.splits)
+    except ValueError as e:
+        errors.append(str(e))
     if c.rollout.thinking and c.rollout.max_think_tokens == 0:
         errors.append("rollout.thinking=True needs rollout.max_think_tokens > 0 (or set rollout.thinking=False)")
     if c.insight.first_k_max_successes > c.insight.first_k:

@@ -59,7 +59,7 @@ import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
@@ -142,6 +142,8 @@ class Trainer:
                 self._check_config(candidates[0], self.checkpoints.read_state(candidates[0])[2])
             except CorruptCheckpointError:
                 pass  # the restore below falls back to an older step, or says what is wrong
+        # eval.splits: loaded first, so that an unknown split stops the start before anything is built
+        self.eval_sets = split_eval_tasks(config)
         self.tokenizer = policy_tokenizer(config)
         self.builder = context_builder(config, self.tokenizer)
         # The typed settings of the library parts, built once from the config.
@@ -462,8 +464,9 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out tasks (and `eval.train_num_tasks` training tasks), `eval.attempts_per_task` attempts each, no
-        insights: macro Pass@1 and Pass@K (train/evaluation.py), logged at the current environment-step count."""
+        """Held-out tasks (and `eval.train_num_tasks` training tasks, and every set of `eval.splits`),
+        `eval.attempts_per_task` attempts each, no insights: macro Pass@1 and Pass@K (train/evaluation.py), logged at
+        the current environment-step count."""
         t0 = time.time()
         metrics = from_main_process(
             self._evaluate_here
@@ -493,6 +496,18 @@ class Trainer:
                 prefix="eval_train",
             )
             metrics |= held_in
+        for split, tasks in self.eval_sets.items():  # eval.splits: the same fixed sets for every run seed
+            more, _ = evaluate(
+                self.engine,
+                self.builder,
+                self.config,
+                make_env=self._make_env,
+                tag=self.phase,
+                progress=self.progress,
+                tasks=tasks,
+                prefix=f"eval_{split}",
+            )
+            metrics |= more
         return metrics
 
     # -- checkpoints ------------------------------------------------------------------------------------------

@@ -72,10 +72,15 @@ def eval_line(phase: int, metrics: Mapping[str, float], *, attempts_per_task: in
             f"{fmt(metrics.get(f'eval_train/pass@{k}/all', NAN))} "
             f"({fmt(metrics.get('eval_train/counts/tasks', NAN), '.0f')} tasks)"
         )
+    splits = "".join(  # eval.splits: pass@1 of each set
+        f" | {key.removeprefix('eval_').removesuffix('/pass@1/all')} {fmt(value)}"
+        for key, value in metrics.items()
+        if key.startswith("eval_") and key.endswith("/pass@1/all") and not key.startswith("eval_train/")
+    )
     return (
         f"eval after phase {phase}: pass@1 {fmt(metrics.get('eval/pass@1/all', NAN))}, pass@{k} "
         f"{fmt(metrics.get(f'eval/pass@{k}/all', NAN))} "
-        f"({fmt(tasks, '.0f')} tasks × {k} attempts{held_in}, {seconds:.1f} s)"
+        f"({fmt(tasks, '.0f')} tasks × {k} attempts{held_in}{splits}, {seconds:.1f} s)"
     )
 
 
