@@ -399,6 +399,9 @@ class Eval:
     # order seeded by env.seed (all of them when 0), so every seed of a grid evaluates the same tasks.
     splits: str = setting("")
     split_tasks: int = setting(0, ge=0)
+    # Not in the paper: the set of eval.splits (a held-in validation set, never a held-out one) whose no-insight
+    # Pass@1 chooses the evaluation a replication reports besides the final one (replication/measures.py); "" = none.
+    select_on: str = setting("")
 
 
 # --- Offline SFT baselines (Table 2; mode = "sft") -----------------------------------------------------

@@ -28,6 +28,10 @@ def test_split_names_are_checked_in_one_line():
     base.override(config, {"eval.splits": "valid,valid"})
     with pytest.raises(base.ConfigError, match="eval.splits='valid,valid' names a split twice"):
         base.validate(config)
+    base.override(config, {"eval.splits": "valid,tier2", "eval.select_on": "tier3"})
+    with pytest.raises(base.ConfigError, match="eval.select_on='tier3' is not one of eval.splits='valid,tier2'"):
+        base.validate(config)
+    base.validate(base.override(config, {"eval.select_on": "valid"}))
 
 
 def _craft(seed: int, splits: str, split_tasks: int) -> Settings:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rltldr_jax.replication.measures import eval_measures
 from rltldr_jax.settings import Settings, as_dict, replace
 from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free, run_contents
 
@@ -283,6 +284,10 @@ def summarize_run(run: Run, *, walltime_s: float, sft_metrics: Mapping[str, floa
         "env_steps": 0 if run.offline else int(phases[-1]["env_steps"]) if phases else 0,
         "walltime_s": walltime_s,
         "final": {k: v for k, v in final.items() if k.startswith(("eval/", "eval_train/"))},
+        # final / selected on held-in validation (eval.select_on) / area under the curve, of every evaluation set
+        "measures": eval_measures(
+            evals, select_on=f"eval_{run.config.eval.select_on}/pass@1/all" if run.config.eval.select_on else None
+        ),
         "config": json.loads(json.dumps(as_dict(run.config), default=str)),
         **({"rollouts_of": (read_summary(run.depends_on) or {}).get("digest")} if run.depends_on else {}),
     }
