@@ -94,7 +94,8 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
         )
     errors += _loss_terms_errors(c)
     try:
-        if c.eval.select_on and c.eval.select_on not in split_names(c.eval.splits):
+        splits = split_names(c.eval.splits)
+        if c.eval.select_on and c.eval.select_on not in splits:
             errors.append(f"eval.select_on={c.eval.select_on!r} is not one of eval.splits={c.eval.splits!r}")
     except ValueError as e:
         errors.append(str(e))
