@@ -67,3 +67,15 @@ def test_the_trainer_evaluates_every_set_and_refuses_an_unknown_split_before_bui
     assert metrics["eval_eval/pass@1/all"] == metrics["eval/pass@1/all"]
     line = eval_line(0, metrics, attempts_per_task=2, seconds=1.0)
     assert line.endswith(f" | eval {metrics['eval_eval/pass@1/all']:.3f}, 1.0 s)"), line
+
+
+def test_evaluate_all_runs_every_evaluation_of_a_run(tiny_policy, builder):
+    """What the trainer and the offline SFT baselines evaluate: eval/, eval_train/ and every eval.splits set."""
+    from rltldr_jax.envs import make_env
+    from rltldr_jax.train.evaluation import evaluate_all
+
+    _, engine = tiny_policy
+    config = tiny_run_settings("/unused", 1, {"eval.train_num_tasks": 1, "eval.splits": "eval", "eval.split_tasks": 2})
+    metrics = evaluate_all(engine, builder, config, make_env=lambda: make_env("sapi"))
+    assert {k.split("/")[0] for k in metrics} == {"eval", "eval_train", "eval_eval"}
+    assert [metrics[f"{p}/counts/tasks"] for p in ("eval", "eval_train", "eval_eval")] == [1, 1, 2]

@@ -12,6 +12,7 @@ every attempt as at test time. Pass@k is the unbiased estimator averaged over ta
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task
@@ -71,6 +72,28 @@ def evaluate(
     result = collector.collect(tasks, phase=-1 - tag)
     metrics = {f"{prefix}/{name}": v for name, v in summarize(attempt_records(result), k).items()}
     return metrics, result
+
+
+def evaluate_all(
+    engine: GenerationEngine,
+    builder: ContextBuilder,
+    config: Settings,
+    *,
+    make_env: Callable[[], Env],
+    tag: int = 0,
+    sets: dict[str, list[Task]] | None = None,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Every evaluation of a run, each with `evaluate`: the held-out tasks (`eval/`), `eval.train_num_tasks` training
+    tasks (`eval_train/`, when > 0) and every set of `eval.splits` (`eval_<split>/`; `sets`: those sets already
+    loaded, `split_eval_tasks(config)`)."""
+    run = functools.partial(evaluate, engine, builder, config, make_env=make_env, tag=tag, progress=progress)
+    metrics = run()[0]
+    if config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
+        metrics |= run(tasks=eval_tasks(config, on_train_split=True), prefix="eval_train")[0]
+    for split, tasks in (split_eval_tasks(config) if sets is None else sets).items():
+        metrics |= run(tasks=tasks, prefix=f"eval_{split}")[0]  # the same fixed sets for every run seed
+    return metrics
 
 
 #: A tokenizer source: a tokenizer.json file (absolute, resolved), or BUILTIN_TOKENIZER for Qwen 3.5's built-in one.

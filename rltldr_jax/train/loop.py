@@ -59,7 +59,7 @@ import numpy as np
 
 from rltldr_jax.agent.collector import Collector, PendingPhase, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
-from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
+from rltldr_jax.agent.eval_set import attempt_records, split_eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
@@ -74,7 +74,7 @@ from rltldr_jax.settings import Settings, as_dict, build
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import ExampleConfig, length_buckets, pack, phase_examples
-from rltldr_jax.train.evaluation import evaluate
+from rltldr_jax.train.evaluation import evaluate_all
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.resume import (
     check_config_changes,
@@ -481,34 +481,15 @@ class Trainer:
         return metrics
 
     def _evaluate_here(self) -> dict[str, float]:
-        metrics, _ = evaluate(
-            self.engine, self.builder, self.config, make_env=self._make_env, tag=self.phase, progress=self.progress
+        return evaluate_all(
+            self.engine,
+            self.builder,
+            self.config,
+            make_env=self._make_env,
+            tag=self.phase,
+            sets=self.eval_sets,
+            progress=self.progress,
         )
-        if self.config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
-            held_in, _ = evaluate(
-                self.engine,
-                self.builder,
-                self.config,
-                make_env=self._make_env,
-                tag=self.phase,
-                progress=self.progress,
-                tasks=eval_tasks(self.config, on_train_split=True),
-                prefix="eval_train",
-            )
-            metrics |= held_in
-        for split, tasks in self.eval_sets.items():  # eval.splits: the same fixed sets for every run seed
-            more, _ = evaluate(
-                self.engine,
-                self.builder,
-                self.config,
-                make_env=self._make_env,
-                tag=self.phase,
-                progress=self.progress,
-                tasks=tasks,
-                prefix=f"eval_{split}",
-            )
-            metrics |= more
-        return metrics
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 

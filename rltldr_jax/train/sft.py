@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rltldr_jax.agent.eval_set import split_eval_tasks
 from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
 from rltldr_jax.agent.step_examples import Example, attempt_examples
 from rltldr_jax.checkpoint import Checkpointer
@@ -34,7 +35,7 @@ from rltldr_jax.settings import Settings, as_dict, build, choices
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import insight_prefix_example, length_buckets, pack
-from rltldr_jax.train.evaluation import evaluate
+from rltldr_jax.train.evaluation import evaluate_all
 from rltldr_jax.train.resume import claim_workdir
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_of
@@ -132,6 +133,7 @@ def run_sft(config: Settings, *, progress: bool = False, restart: bool = False) 
 
 
 def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]:
+    sets = split_eval_tasks(config)  # eval.splits: an unknown split stops here, before anything trains
     builder = context_builder(config, policy_tokenizer(config))
     s = config.sft
     data = sft_examples(
@@ -199,7 +201,9 @@ def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]
         def evaluate_here() -> dict[str, float]:  # process 0 holds the engine; the others get its numbers
             engine = policy_engine(EngineConfig.of(config), policy, workdir=workdir)
             try:
-                return evaluate(engine, builder, config, tag=s.epochs, progress=progress, make_env=env_maker(config))[0]
+                return evaluate_all(
+                    engine, builder, config, make_env=env_maker(config), tag=s.epochs, sets=sets, progress=progress
+                )
             finally:
                 close_engine(engine)
 
