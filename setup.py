@@ -23,6 +23,7 @@ RUNTIME = [
     "grpcio-tools>=1.85,<2",
     "protobuf>=6,<8",
     "numpy>=2.1,<3",
+    "scipy>=1.13,<2",  # (also a dependency of jax) the replication's t and TOST tests
     "packaging>=24",
     "tqdm>=4.67,<5",
     "matplotlib>=3.10,<4",
