@@ -108,6 +108,7 @@ BUILTIN: dict[str, str] = {
     "leetcode": "rltldr_jax.envs.leetcode",
     "appworld": "rltldr_jax.envs.appworld",
     "craft": "rltldr_jax.envs.craft",
+    "forge": "rltldr_jax.envs.forge",
 }
 
 _SPECS: dict[str, EnvSpec] = {}
