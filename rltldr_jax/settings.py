@@ -113,7 +113,7 @@ class Model:
 class Env:
     """`env.*`: the tasks and the sandbox."""
 
-    # sapi | appworld | leetcode | craft (the small-scale replication's world) | package.module:SPEC
+    # sapi | appworld | leetcode | craft, forge (the small-scale replication's worlds) | package.module:SPEC
     name: str = setting("sapi")
     train_split: str = setting("train")  # task split trained on (the paper uses Pass@128 = 0 "hard" splits, §4.1)
     eval_split: str = setting("eval")  # held-out split for evaluation
@@ -178,7 +178,7 @@ class Insight:
     # Who writes them: policy (the current policy in a fresh chat, A.1) | teacher (a separate model, Table 3)
     #   | rule (the verifier's first failed requirement turned into a sentence by rule; for untrained tiny models)
     #   | uninformative (a control, not in the paper: the verifier's sentence replaced by one of the same form and
-    #     token length that says nothing about the failure; environments with such a control only: craft)
+    #     token length that says nothing about the failure; environments with such a control only: craft, forge)
     source: str = setting("policy", choices=("policy", "teacher", "rule", "uninformative"))
     # What goes into the context, from the writer's JSON (Table 3, §6):
     #   hint (the TL;DR sentence) | feedback (diagnostic paragraph) | summary_feedback

@@ -1,5 +1,5 @@
 """Environments: tasks, the Env protocol, the sandbox, each environment's EnvSpec, and the SAPI-like world,
-LeetCode, AppWorld and the crafting world."""
+LeetCode, AppWorld and the crafting worlds (craft, forge)."""
 
 from rltldr_jax.envs.base import Env, StepResult, Task, TaskSource, Verdict
 from rltldr_jax.envs.registry import ENV_NAMES, load_tasks, make_env

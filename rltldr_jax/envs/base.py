@@ -23,8 +23,8 @@ class Task:
     Attributes:
       task_id: unique within its environment, stable across runs (used for groups, metrics and checkpoints).
       goal: the instruction the agent sees (the user message of the attempt context).
-      env: the name of its environment's `EnvSpec` ("sapi", "leetcode", "appworld", "craft", or an external
-        spec's), by which the episode loop and the insight writer look the spec up.
+      env: the name of its environment's `EnvSpec` ("sapi", "leetcode", "appworld", "craft", "forge", or an
+        external spec's), by which the episode loop and the insight writer look the spec up.
       split: "train", "eval", ...
       spec: environment-specific, JSON-serialisable data from which the env rebuilds the task (e.g. the
         template and parameters of a SAPI task, the problem id of a LeetCode task).

@@ -536,8 +536,8 @@ def _make_env(limits: SandboxLimits) -> CraftEnv:
     return CraftEnv()  # plans are parsed, never executed: no sandbox
 
 
-#: The small-scale replication's world: plans are parsed, never executed; it alone has pretraining demonstrations
-#: and the uninformative control insights.
+#: The small-scale replication's first world: plans are parsed, never executed; it and forge (envs/forge.py, the
+#: second world) have pretraining demonstrations and the uninformative control insights.
 SPEC = register(
     EnvSpec(
         name="craft",

@@ -20,7 +20,8 @@ ENV_NAMES = tuple(BUILTIN)
 def load_tasks(name: str, split: str, *, seed: int = 0) -> list[Task]:
     """The tasks of `split` ("train" or "eval"; AppWorld also takes its own split names) of environment `name`.
 
-    `seed` selects generated tasks (the SAPI-like and crafting worlds); LeetCode and AppWorld data are fixed.
+    `seed` selects generated tasks (the SAPI-like and crafting worlds; forge's evaluation splits ignore it); LeetCode
+    and AppWorld data are fixed.
     """
     spec = get_spec(name)
     tasks = spec.load_tasks(split, seed)
@@ -45,14 +46,16 @@ def demonstrations(
     """The pretraining source of environment `name`: rng -> (task, insights in context as (text, number of the
     failed attempt it names), the demonstrated action text, whether the insights are targets too).
 
-    Only the small-scale replication's world has one (`pretrain.steps > 0` needs it). `insight_prob` is the share
-    of demonstrations with insights to act on, at most `max_insights` of them; `statement_prob` the share whose
-    insights state true public rules, to be learnt as targets (the declarative-pretraining experiment).
+    Only the small-scale replication's worlds (craft, forge) have one (`pretrain.steps > 0` needs it).
+    `insight_prob` is the share of demonstrations with insights to act on, at most `max_insights` of them;
+    `statement_prob` the share whose insights state true public rules, to be learnt as targets (the
+    declarative-pretraining experiment).
     """
     spec = get_spec(name)
     if spec.demonstrations is None:
         raise ValueError(
-            f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs env.name='craft'"
+            f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs a world "
+            "that has them: env.name='craft' or 'forge'"
         )
     return spec.demonstrations(insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
 
@@ -70,12 +73,12 @@ def world_fingerprint(name: str) -> str:
 def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
     """The control insight of environment `name` (insight.source = "uninformative", not in the paper):
     (real insight, task, seed) -> a sentence of the same form and token length that carries no information about
-    the failure. Only the small-scale replication's world has one."""
+    the failure. Only the small-scale replication's worlds (craft, forge) have one."""
     spec = get_spec(name)
     if spec.uninformative_insight is None:
         raise ValueError(
             f"environment {name!r} has no uninformative control insights; insight.source='uninformative' "
-            "needs env.name='craft'"
+            "needs a world that has them: env.name='craft' or 'forge'"
         )
     return spec.uninformative_insight
 
