@@ -123,6 +123,55 @@ def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Map
     return "\n".join(lines)
 
 
+#: The three measures of an evaluation set in results.csv (replication/measures.py): column suffix -> measure.
+SPLIT_MEASURES = {"": "final", "_selected": "selected", "_auc": "auc"}
+
+
+def split_names_of(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The `eval.splits` sets the runs measured (`eval_<split>/pass@1/all` in their summaries' measures), in order of
+    first appearance: a world's tiers ("valid", "tier1", ..., "tier4"); none for round one's runs."""
+    names: dict[str, None] = {}
+    for s in summaries:
+        for key in s.get("measures", {}).get("final", {}):
+            split = key.removesuffix("/pass@1/all").removeprefix("eval_")
+            if key.startswith("eval_") and split != "train":
+                names[split] = None
+    return list(names)
+
+
+def split_columns(splits: Sequence[str]) -> list[str]:
+    """results.csv's columns of the evaluation sets: `{split}_pass1_no_insight` (final), `..._selected` (at the
+    evaluation chosen on held-in validation, `eval.select_on`) and `..._auc` (area under the curve)."""
+    return [f"{split}_pass1_no_insight{suffix}" for split in splits for suffix in SPLIT_MEASURES]
+
+
+def split_values(summary: Mapping[str, Any], splits: Sequence[str]) -> list[float]:
+    """A summary's values of `split_columns(splits)` (NaN where it has none)."""
+    measures = summary.get("measures", {})
+    return [
+        measures.get(measure, {}).get(f"eval_{split}/pass@1/all", math.nan)
+        for split in splits
+        for measure in SPLIT_MEASURES.values()
+    ]
+
+
+def splits_table(summaries: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
+    """Per arm and evaluation set: no-insight Pass@1 in %, mean ± std over seeds, final / selected on validation / area
+    under the curve."""
+    lines = [
+        "| arm | seeds | " + " | ".join(f"{s}: final / selected / AUC" for s in splits) + " |",
+        "|---|---|" + "---|" * len(splits),
+    ]
+    for arm in arm_order(summaries):
+        rows = [split_values(s, splits) for s in summaries if s["arm"] == arm]
+        cells = []
+        for i in range(len(splits)):
+            stats = [_stats([r[3 * i + j] for r in rows]) for j in range(3)]
+            cells.append(" / ".join(_pct(*st) for st in stats))
+        lines.append(f"| {arm} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def best_train_pass1(summary: Mapping[str, Any]) -> float:
     """The highest no-insight Pass@1 on the training tasks over a run's evaluations (NaN without any).
 
@@ -206,12 +255,17 @@ def write_results(
 ) -> list[str]:
     """results.csv, results.md and curves.png in `out`; returns their paths."""
     summaries = [{**s, "train_pass1_no_insight_best": best_train_pass1(s)} for s in summaries]
+    splits = split_names_of(summaries)  # (none for round one's world: its columns stay as they were)
+    columns = [*COLUMNS, *split_columns(splits)]
     rows = [
-        [os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] for s in summaries
+        [os.path.relpath(s[c], out) if c == "workdir" else s[c] for c in COLUMNS] + split_values(s, splits)
+        for s in summaries
     ]  # (workdir relative to out)
     os.makedirs(out, exist_ok=True)
-    paths = [replaced(os.path.join(out, "results.csv"), lambda p: write_csv(p, COLUMNS, rows))]
+    paths = [replaced(os.path.join(out, "results.csv"), lambda p: write_csv(p, columns, rows))]
     md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
+    if splits:
+        md += ["## Evaluation sets: no-insight Pass@1 (%)", "", splits_table(summaries, splits), ""]
     if base:
         md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
     if notes:

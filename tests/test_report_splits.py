@@ -1,0 +1,64 @@
+"""results.csv / results.md with evaluation sets (eval.splits: a world's tiers): one column per set and measure;
+round one's runs (no sets) keep their columns."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import pytest
+
+from rltldr_jax.replication.report import COLUMNS, split_columns, split_names_of, write_results
+
+
+def _summary(arm: str, seed: int, tier2: float, workdir: str, *, tiers: bool = True) -> dict:
+    measures = {"final": {}, "selected": {}, "auc": {}, "selected_index": None}
+    if tiers:
+        measures = {
+            "final": {"eval/pass@1/all": 0.0, "eval_valid/pass@1/all": 0.5, "eval_tier2/pass@1/all": tier2},
+            "selected": {"eval/pass@1/all": 0.1, "eval_valid/pass@1/all": 0.6, "eval_tier2/pass@1/all": tier2 + 0.1},
+            "auc": {"eval/pass@1/all": 0.05, "eval_valid/pass@1/all": 0.4, "eval_tier2/pass@1/all": tier2 / 2},
+            "selected_index": 1,
+        }
+    return {
+        "arm": arm,
+        "seed": seed,
+        "workdir": workdir,
+        "lam": 0.5,
+        "train_pass1_no_insight": 0.0,
+        "heldout_pass1_no_insight": 0.0,
+        "train_pass1_insight": math.nan,
+        "env_steps": 64,
+        "walltime_s": 60.0,
+        "measures": measures,
+    }
+
+
+def test_split_columns_per_set_and_measure(tmp_path):
+    out = str(tmp_path)
+    summaries = [_summary("rltldr", s, t, os.path.join(out, "runs", f"r{s}")) for s, t in ((0, 0.2), (1, 0.4))]
+    assert split_names_of(summaries) == ["valid", "tier2"]
+    assert split_columns(["tier2"]) == [
+        "tier2_pass1_no_insight",
+        "tier2_pass1_no_insight_selected",
+        "tier2_pass1_no_insight_auc",
+    ]
+    write_results(summaries, {}, out)
+    with open(os.path.join(out, "results.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[: len(COLUMNS)] == list(COLUMNS)  # round one's columns first, unchanged
+    assert [float(r["tier2_pass1_no_insight"]) for r in rows] == [0.2, 0.4]
+    assert [float(r["tier2_pass1_no_insight_selected"]) for r in rows] == pytest.approx([0.3, 0.5])
+    assert [float(r["valid_pass1_no_insight_auc"]) for r in rows] == [0.4, 0.4]
+    md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    # tier 2 of rltldr over 2 seeds: final 30.0 ± 14.1, selected 40.0 ± 14.1, AUC 15.0 ± 7.1
+    assert "| rltldr | 2 | 50.0 ± 0.0 / 60.0 ± 0.0 / 40.0 ± 0.0 | 30.0 ± 14.1 / 40.0 ± 14.1 / 15.0 ± 7.1 |" in md
+
+
+def test_round_one_runs_keep_their_columns(tmp_path):
+    out = str(tmp_path)
+    write_results([_summary("grpo", 0, 0.0, os.path.join(out, "g"), tiers=False)], {}, out)
+    with open(os.path.join(out, "results.csv"), encoding="utf-8") as f:
+        assert next(csv.reader(f)) == list(COLUMNS)
+    assert "Evaluation sets" not in open(os.path.join(out, "results.md"), encoding="utf-8").read()
