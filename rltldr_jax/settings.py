@@ -244,6 +244,12 @@ class Optim:
     # lr(t) = learning_rate * min(t, warmup_steps) / warmup_steps: linear from 0 at step 0 to learning_rate at step
     # warmup_steps, constant after (not in the paper); 0 = constant learning_rate from the first step.
     warmup_steps: int = setting(0, ge=0)
+    # Not in the paper (the second replication round): after warmup_steps, cosine decay from learning_rate to
+    # end_learning_rate over decay_steps optimizer steps, lr(warmup_steps + s) = end_learning_rate + (learning_rate
+    # - end_learning_rate) * (1 + cos(pi * min(s, decay_steps) / decay_steps)) / 2, constant end_learning_rate after;
+    # 0 = no decay (constant learning_rate after the warmup).
+    decay_steps: int = setting(0, ge=0)
+    end_learning_rate: float = setting(0.0, ge=0.0)  # where the decay ends; at most learning_rate
     b1: float = setting(0.9, ge=0.0, lt=1.0)  # not in the paper (Adam's first-moment decay)
     b2: float = setting(0.999, ge=0.0, lt=1.0)  # not in the paper (Adam's second-moment decay)
     eps: float = setting(1e-8, gt=0.0)  # not in the paper

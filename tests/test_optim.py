@@ -1,6 +1,6 @@
 """The optimizer that `optim.*` builds: the rule (`optim.name`), the warmup schedule (`optim.warmup_steps`), the
-default being exactly the former clip + AdamW, config validation, and the schedule's step count surviving a
-checkpoint round trip."""
+cosine decay (`optim.decay_steps`, `optim.end_learning_rate`), the default being exactly the former clip + AdamW,
+config validation, and the schedule's step count surviving a checkpoint round trip."""
 
 import dataclasses
 
@@ -74,6 +74,57 @@ def test_warmup_schedule_learning_rates():
     assert learning_rate_schedule(0.8, 0) == 0.8  # a plain float: no schedule counter in the optimizer state
     with pytest.raises(ValueError, match=r"^warmup_steps=-1 is negative: use 0 \(no warmup\)"):
         learning_rate_schedule(0.8, -1)
+
+
+def test_cosine_decay_learning_rates():
+    """Warmup 2, then cosine from 0.8 to 0.2 over 4 steps: lr(2 + s) = 0.2 + 0.6 * (1 + cos(pi * s / 4)) / 2, i.e.
+    0, 0.4 (warmup), 0.8, 0.2 + 0.3 * (1 + 1/sqrt 2), 0.5, 0.2 + 0.3 * (1 - 1/sqrt 2), 0.2 (t = 6), 0.2 after."""
+    schedule = learning_rate_schedule(0.8, 2, 4, 0.2)
+    got = [float(schedule(t)) for t in (0, 1, 2, 3, 4, 5, 6, 7, 1000)]
+    half = 0.3 * 2**-0.5
+    np.testing.assert_allclose(got, [0.0, 0.4, 0.8, 0.5 + half, 0.5, 0.5 - half, 0.2, 0.2, 0.2], rtol=1e-6)
+    # Without warmup: from lr(0) = 1 down to 0 at t = 2 (the default end_learning_rate), then 0.
+    no_warmup = learning_rate_schedule(1.0, 0, 2)
+    np.testing.assert_allclose([float(no_warmup(t)) for t in (0, 1, 2, 3)], [1.0, 0.5, 0.0, 0.0], atol=1e-7)
+    # decay_steps = 0: no decay, whatever end_learning_rate says (today's schedules: a float without warmup).
+    assert learning_rate_schedule(0.8, 0, 0, 0.5) == 0.8
+    warm = learning_rate_schedule(0.8, 4, 0, 0.5)
+    assert [float(warm(t)) for t in (0, 2, 4, 9)] == [float(learning_rate_schedule(0.8, 4)(t)) for t in (0, 2, 4, 9)]
+    with pytest.raises(ValueError, match=r"^decay_steps=-1 is negative: use 0 \(no decay\)"):
+        learning_rate_schedule(0.8, 0, -1)
+    bad = (
+        r"^optim.end_learning_rate=0.9 with optim.decay_steps=3: the cosine decay goes from the learning rate 0.8 to it"
+    )
+    with pytest.raises(ValueError, match=bad):
+        make_optimizer(0.8, decay_steps=3, end_learning_rate=0.9)
+
+
+def test_cosine_decay_inside_the_optimizer_counts_optimizer_steps():
+    """SGD (no clipping) on a constant gradient 1: updates -lr(t) of the schedule above, t = 0..7."""
+    params, grads = {"w": np.zeros(1, np.float32)}, {"w": np.ones(1, np.float32)}
+    tx = make_optimizer(0.8, name="sgd", warmup_steps=2, decay_steps=4, end_learning_rate=0.2, grad_clip_norm=0.0)
+    updates, state = _updates(tx, [grads] * 8, params)
+    half = 0.3 * 2**-0.5
+    want = [0.0, -0.4, -0.8, -0.5 - half, -0.5, -0.5 + half, -0.2, -0.2]
+    np.testing.assert_allclose([u["w"][0] for u in updates], want, rtol=1e-6)
+    assert [int(x) for x in jax.tree.leaves(state) if np.ndim(x) == 0] == [8]
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_no_decay_is_bit_identical_whatever_the_end_learning_rate(warmup):
+    """decay_steps=0 builds today's optimizer (the same state tree, bit-identical AdamW updates over 5 steps), also
+    with a nonzero end_learning_rate (unused without decay)."""
+    rs = np.random.default_rng(3)
+    params = _random_tree(rs)
+    grads = [_random_tree(rs, scale) for scale in (0.1, 3.0, 0.5, 10.0, 1.0)]
+    lr = 1e-3 if warmup == 0 else optax.linear_schedule(0.0, 1e-3, warmup)
+    old = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01))
+    for end in (0.0, 5e-4):
+        new = make_optimizer(1e-3, warmup_steps=warmup, decay_steps=0, end_learning_rate=end, weight_decay=0.01)
+        (u_old, s_old), (u_new, s_new) = _updates(old, grads, params), _updates(new, grads, params)
+        assert jax.tree.structure(s_old) == jax.tree.structure(s_new)
+        for a, b in zip(jax.tree.leaves((u_old, s_old)), jax.tree.leaves((u_new, s_new)), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_warmup_inside_the_optimizer_counts_optimizer_steps():
@@ -159,6 +210,22 @@ def test_config_validation_refuses_unknown_names_and_ignored_weight_decay():
     for name in ("adamw", "adam", "sgd"):  # valid combinations pass and build
         c = base.validate(base.override(sapi.get_config("tiny"), {"optim.name": name, "optim.warmup_steps": 3}))
         optimizer_of(settings_of(c).optim)
+    assert _problems({"optim.decay_steps": -1}) == ["optim.decay_steps=-1 is outside [0, inf)"]
+    assert _problems({"optim.end_learning_rate": -1e-5}) == ["optim.end_learning_rate=-1e-05 is outside [0.0, inf)"]
+    assert _problems({"optim.decay_steps": 10, "optim.end_learning_rate": 1e-3}) == [
+        "optim.end_learning_rate=0.001 with optim.decay_steps=10: the cosine decay goes from the learning rate 0.0001 "
+        "to it, so it must be in [0, 0.0001]"
+    ]
+    # the offline SFT baselines decay from sft.learning_rate (3e-6 by default)
+    assert _problems({"mode": "sft", "optim.decay_steps": 10, "optim.end_learning_rate": 1e-5}) == [
+        "optim.end_learning_rate=1e-05 with optim.decay_steps=10: the cosine decay goes from the learning rate 3e-06 "
+        "to it, so it must be in [0, 3e-06]"
+    ]
+    c = base.validate(
+        base.override(sapi.get_config("tiny"), {"optim.decay_steps": 10, "optim.end_learning_rate": 1e-5})
+    )
+    state = optimizer_of(settings_of(c).optim).init({"w": np.zeros(1, np.float32)})
+    assert [int(x) for x in jax.tree.leaves(state) if np.ndim(x) == 0] == [0, 0]  # Adam's count, the schedule's count
     # sft.learning_rate replaces optim.learning_rate for the offline SFT baselines; the rest of optim.* applies
     c = base.override(sapi.get_config("tiny"), {"optim.name": "sgd", "optim.grad_clip_norm": 0.0})
     (u,), _ = _updates(

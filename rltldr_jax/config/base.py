@@ -31,7 +31,7 @@ from rltldr_jax.loss_terms import LOSS_TERMS, terms_error
 from rltldr_jax.settings import Settings, as_dict, value_errors
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import length_buckets_error
-from rltldr_jax.train.step import weight_decay_error
+from rltldr_jax.train.step import lr_decay_error, weight_decay_error
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -131,6 +131,12 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
         [
             exact_group_size_error(c.rollout.exact_group_size, c.rollout.workers_per_task, prefix="rollout."),
             weight_decay_error(c.optim.name, c.optim.weight_decay),
+            lr_decay_error(
+                c.sft.learning_rate if c.mode == "sft" else c.optim.learning_rate,
+                c.optim.end_learning_rate,
+                c.optim.decay_steps,
+                prefix="optim.",
+            ),
             top_k_error(c.rollout.top_k, prefix="rollout."),
             mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
             decode_group_error(c.engine.max_batch, c.engine.decode_group, prefix="engine."),

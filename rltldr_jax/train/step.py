@@ -175,20 +175,46 @@ class LossConfig:
 OPTIMIZERS = choices("optim.name")
 
 
-def learning_rate_schedule(learning_rate: float, warmup_steps: int = 0) -> float | optax.Schedule:
+def learning_rate_schedule(
+    learning_rate: float, warmup_steps: int = 0, decay_steps: int = 0, end_learning_rate: float = 0.0
+) -> float | optax.Schedule:
     """The learning rate of optimizer step t (counted from 0; a step skipped as non-finite does not count).
 
-    warmup_steps=0: the constant `learning_rate` (a float, so the optimizer is exactly the constant-lr one and holds
-    no schedule counter in its state). warmup_steps=W > 0: lr(t) = learning_rate * min(t, W) / W, a linear ramp from
-    0 at t=0 (the first step moves no parameter; Adam's moments still take its gradient) reaching `learning_rate` at
-    t=W, constant after that. The paper trains with a constant learning rate and no warmup (A.4, Table 4), so warmup
-    is off by default.
+    Warmup (`warmup_steps` = W > 0): lr(t) = learning_rate * t / W for t < W, a linear ramp from 0 at t=0 (the first
+    step moves no parameter; Adam's moments still take its gradient) reaching `learning_rate` at t=W.
+
+    After the warmup: the constant `learning_rate` with `decay_steps` = 0; with `decay_steps` = D > 0, a cosine decay
+    to `end_learning_rate` over D steps, then constant:
+    lr(W + s) = end + (learning_rate - end) * (1 + cos(pi * min(s, D) / D)) / 2.
+
+    W = D = 0 gives the float `learning_rate` (the optimizer is exactly the constant-lr one and holds no schedule
+    counter in its state). The paper trains with a constant learning rate and no warmup (A.4, Table 4), so both are
+    off by default (`optim.warmup_steps`, `optim.decay_steps`).
     """
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps} is negative: use 0 (no warmup) or a positive number of steps")
+    if decay_steps < 0:
+        raise ValueError(f"decay_steps={decay_steps} is negative: use 0 (no decay) or a positive number of steps")
+    if problem := lr_decay_error(learning_rate, end_learning_rate, decay_steps, prefix="optim."):
+        raise ValueError(problem)
+    if decay_steps == 0:
+        return learning_rate if warmup_steps == 0 else optax.linear_schedule(0.0, learning_rate, warmup_steps)
+    decay = optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=end_learning_rate / learning_rate)
     if warmup_steps == 0:
-        return learning_rate
-    return optax.linear_schedule(0.0, learning_rate, warmup_steps)
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps])
+
+
+def lr_decay_error(learning_rate: float, end_learning_rate: float, decay_steps: int, *, prefix: str = "") -> str | None:
+    """What is wrong with the decay's end, None if nothing: with `decay_steps` > 0 the learning rate decays from
+    `learning_rate` (optim.learning_rate, or sft.learning_rate for the offline SFT baselines) to `end_learning_rate`,
+    which must lie in [0, learning_rate]; with `decay_steps` = 0 it is unused. `prefix` ("optim.") names the keys."""
+    if decay_steps > 0 and not 0 <= end_learning_rate <= learning_rate:
+        return (
+            f"{prefix}end_learning_rate={end_learning_rate} with {prefix}decay_steps={decay_steps}: the cosine decay "
+            f"goes from the learning rate {learning_rate} to it, so it must be in [0, {learning_rate}]"
+        )
+    return None
 
 
 def weight_decay_error(name: str, weight_decay: float, *, flag: str = "") -> str | None:
@@ -209,6 +235,8 @@ def make_optimizer(
     *,
     name: str = "adamw",
     warmup_steps: int = 0,
+    decay_steps: int = 0,
+    end_learning_rate: float = 0.0,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
@@ -216,22 +244,25 @@ def make_optimizer(
     grad_clip_norm: float = 1.0,
 ) -> optax.GradientTransformation:
     """Global-norm gradient clipping (Fig. 4: the clip at 1 fires on nearly every update; grad_clip_norm=0 means no
-    clipping), then the update rule `name`, scaled by `learning_rate_schedule(learning_rate, warmup_steps)`.
+    clipping), then the update rule `name`, scaled by `learning_rate_schedule(learning_rate, warmup_steps,
+    decay_steps, end_learning_rate)`.
 
     name: "adamw" (Adam with decoupled weight decay: update -lr(t) * (adam_t + weight_decay * param)), "adam" (the
     same without weight decay) or "sgd" (plain SGD without momentum: update -lr(t) * clipped grad). b1, b2, eps are
     Adam's and unused by "sgd"; a nonzero weight_decay with "adam" or "sgd" is refused (it would be silently
-    ignored). With the defaults (adamw, warmup_steps=0) this is clip + `optax.adamw(learning_rate, ...)`.
+    ignored). With the defaults (adamw, warmup_steps=0, decay_steps=0) this is clip + `optax.adamw(learning_rate,
+    ...)`.
 
     Raises:
-      ValueError: an unknown `name`, a negative `warmup_steps`, or weight_decay != 0 with a name other than "adamw".
+      ValueError: an unknown `name`, a negative `warmup_steps` or `decay_steps`, an `end_learning_rate` outside
+        [0, learning_rate] with decay_steps > 0, or weight_decay != 0 with a name other than "adamw".
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}: pick one of them")
     problem = weight_decay_error(name, weight_decay, flag="--config.")
     if problem:
         raise ValueError(problem)
-    lr = learning_rate_schedule(learning_rate, warmup_steps)
+    lr = learning_rate_schedule(learning_rate, warmup_steps, decay_steps, end_learning_rate)
     clip = optax.clip_by_global_norm(grad_clip_norm) if grad_clip_norm > 0 else optax.identity()
     if name == "adamw":
         rule = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
