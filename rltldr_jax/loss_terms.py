@@ -14,6 +14,12 @@ Built in, in this order (the default `loss.terms`):
 - `writer_sft` (insight-writer SFT of Table 8, π(f | τ); mask "writer", coefficient `loss.writer_sft_coef`, metric
   `writer_sft_nll`).
 
+Built in, not in the default `loss.terms` (not in the paper):
+- `kl` (KL(π_θ || π_ref) to the frozen initial policy, Schulman's k3 estimator, `losses.kl_loss`; mask "action",
+  coefficient `loss.kl_coef`, metrics `kl` and `kl_k1`): the second replication round's stabiliser, on with
+  `--config.loss.terms=grpo,insight_sft,writer_sft,kl --config.loss.kl_coef=0.05`. It `needs_ref`: the train step
+  then also runs the reference policy forward (`train.setup.ShardedUpdate` holds its parameters).
+
 A term from outside the package (examples/entropy_bonus.py):
 
     register_loss_term(LossTerm("entropy_bonus", mask="action", fn=entropy_sum, coef="entropy_coef"))
@@ -32,7 +38,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from rltldr_jax.losses import grpo_loss, insight_sft_loss, safe_divide
+from rltldr_jax.losses import grpo_loss, insight_sft_loss, kl_loss, safe_divide
 
 Array = jax.Array
 
@@ -44,11 +50,14 @@ class TermInputs(NamedTuple):
     entropy: [M, T] float32 entropy of π_θ at each position (same positions).
     batch: the micro-batch's other arrays: "ids" [M, T], "old_logprobs" [M, T], "advantages" [M] (or [M, T] packed),
       "detach_ratio" [M] (or [M, T]) bool, "masks" {name: [M, T] bool}, and "segments" [M, T] when rows are packed.
+    ref_logprobs: [M, T] float32 log π_ref of the same tokens under the frozen reference policy (a constant, same
+      positions as `logprobs`) when a configured term `needs_ref`; None otherwise.
     """
 
     logprobs: Array
     entropy: Array
     batch: Mapping[str, Any]
+    ref_logprobs: Array | None = None
 
 
 class Coefficients(Protocol):
@@ -82,6 +91,9 @@ class LossTerm:
       metric: the metric of sum / count (default `name`); tokens_metric: that of the global count (default
         `{name}_tokens`).
       metrics: extra metrics from its aux sums (default: each aux sum divided by the count, under its own key).
+      needs_ref: the function reads `TermInputs.ref_logprobs` (the frozen reference policy's logprobs). When any
+        configured term does, the train step takes the reference parameters and runs one more forward pass per
+        micro-batch (no backward); otherwise the step is exactly the one without reference.
     """
 
     name: str
@@ -93,6 +105,7 @@ class LossTerm:
     metric: str | None = None
     tokens_metric: str | None = None
     metrics: MetricsFn | None = None
+    needs_ref: bool = False
 
     @property
     def metric_name(self) -> str:
@@ -249,4 +262,18 @@ WRITER_SFT = register_loss_term(
         metric="writer_sft_nll",
         tokens_metric="writer_sft_tokens",
     )
+)
+
+
+def kl_term(inputs: TermInputs, mask: Array, cfg: Coefficients) -> tuple[Array, Array, dict[str, Array]]:
+    """KL(π_θ || π_ref) over the mask's tokens, k3 per token (`losses.kl_loss`), with the k1 sum as aux (`kl_k1`:
+    the mean of log π_θ − log π_ref)."""
+    if inputs.ref_logprobs is None:
+        raise ValueError("the kl loss term needs the reference logprobs: TermInputs.ref_logprobs is None")
+    k = kl_loss(inputs.logprobs, inputs.ref_logprobs, mask)
+    return k.loss_sum, k.count, {"kl_k1": k.k1_sum}
+
+
+KL = register_loss_term(
+    LossTerm("kl", mask="action", fn=kl_term, coef="kl_coef", metric="kl", tokens_metric="kl_tokens", needs_ref=True)
 )

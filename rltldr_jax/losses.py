@@ -10,6 +10,8 @@ Conventions:
   with ε = 0.2, token-level (DAPO) aggregation, no KL term.
 - L_SFT is the next-token NLL of the insight-sentence tokens in the same contexts (the flipped backprop mask
   of §3.3), with its own token count, so the number of insight tokens does not rescale the GRPO term.
+- Not in the paper: a KL-to-reference term (`kl_loss`, Schulman's k3 estimator over the action tokens), the second
+  replication round's stabiliser; off unless `loss.terms` lists `kl`.
 
 The train step combines these as data: `loss_terms.LossTerm`s (GRPO, insight SFT, writer SFT and any registered
 term), each coef · sum / count over its own mask (`loss_terms.combine`; `rltldr_loss` below is the same sum for the
@@ -136,6 +138,37 @@ def insight_sft_loss(logprobs: Array, insight_mask: Array) -> SFTTerms:
     """
     mask = jnp.asarray(insight_mask, jnp.float32)
     return SFTTerms(loss_sum=-jnp.sum(logprobs.astype(jnp.float32) * mask), count=jnp.sum(mask))
+
+
+class KLTerms(NamedTuple):
+    """Sums over the masked tokens of a micro-batch; divide by the global `count` after reduction."""
+
+    loss_sum: Array  #: Σ k3 = Σ exp(r) − r − 1, r = log π_ref − log π_θ
+    count: Array  #: number of masked tokens
+    k1_sum: Array  #: Σ −r = Σ log π_θ − log π_ref (the plain k1 estimate of the same KL, for monitoring)
+
+
+def kl_loss(logprobs: Array, ref_logprobs: Array, mask: Array) -> KLTerms:
+    """Schulman's k3 estimate of KL(π_θ || π_ref), summed over the masked tokens (not in the paper: Dr. GRPO has no
+    KL term; the second replication round's stabiliser, `loss_terms` term "kl").
+
+    Per token, with r = log π_ref(y) − log π_θ(y) of the sampled token y: k3 = exp(r) − r − 1 (computed as
+    expm1(r) − r). It is ≥ 0, exactly 0 when the two logprobs are equal, and its mean over samples of π_θ is the KL
+    (unbiased; the samples here come from π_old ≈ π_θ). Its gradient in log π_θ is 1 − exp(r): 0 at r = 0.
+
+    Args:
+      logprobs: [B, T] log π_θ of the target tokens (differentiated).
+      ref_logprobs: [B, T] log π_ref of the same tokens (a constant: never differentiated).
+      mask: [B, T] bool/0-1, the tokens the term covers (the action tokens).
+
+    Returns:
+      `KLTerms` of scalar sums; the loss contribution is `loss_sum / global_count`.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    ref = jax.lax.stop_gradient(jnp.asarray(ref_logprobs, jnp.float32))
+    r = jnp.where(m > 0, ref - logprobs.astype(jnp.float32), 0.0)  # 0 off the mask: no exp of a padding value
+    k3 = jnp.expm1(r) - r
+    return KLTerms(loss_sum=jnp.sum(k3 * m), count=jnp.sum(m), k1_sum=jax.lax.stop_gradient(-jnp.sum(r * m)))
 
 
 def safe_divide(total: Array, count: Array) -> Array:

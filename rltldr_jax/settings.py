@@ -220,11 +220,17 @@ class Loss:
     writer_sft_coef: float = setting(0.0, ge=0.0)
     # all | next_success (only insights after which the next attempt succeeded)
     writer_sft_filter: str = setting("all", choices=("all", "next_success"))
+    # Weight of the KL-to-reference term `kl` (KL(π_θ || π_ref) over the action tokens, Schulman's k3 estimator; the
+    # reference is the frozen initial policy, model.checkpoint's weights, also after a resume). Not in the paper
+    # (Dr. GRPO without KL); the second replication round's stabiliser. Used only when loss.terms lists kl, which
+    # doubles the trainer's parameter memory (the reference's copy) and adds a forward pass per micro-batch.
+    kl_coef: float = setting(0.0, ge=0.0)
     # The terms the loss sums (§3), comma-separated names of rltldr_jax/loss_terms.py's registry: each is
     # coef * (sum over its mask's tokens) / (its token count over the whole update batch). Built in: grpo
-    # (coefficient loss.grpo_coef), insight_sft (loss.lam), writer_sft (loss.writer_sft_coef). A term registered
-    # from outside the package (examples/entropy_bonus.py) adds its coefficient key here with its default value,
-    # when the module that registers it is imported before the config is built.
+    # (coefficient loss.grpo_coef), insight_sft (loss.lam), writer_sft (loss.writer_sft_coef); built in but not listed
+    # by default: kl (loss.kl_coef; loss.terms=grpo,insight_sft,writer_sft,kl). A term registered from outside the
+    # package (examples/entropy_bonus.py) adds its coefficient key here with its default value, when the module that
+    # registers it is imported before the config is built.
     terms: str = setting(",".join(DEFAULT_TERMS))
     # {loss.KEY: value}: the coefficients and parameters of terms registered from outside the package.
     extra: dict[str, float] = extra()

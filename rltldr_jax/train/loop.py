@@ -10,7 +10,9 @@ filters, masks); `batch.ppo_epochs` passes of jitted `train_step`s (shuffled eac
 the engine with version = phase + 1. TensorBoard gets the deconfounded metrics with the environment-step count
 as x-axis (and tokens / walltime variants); checkpoints hold params, optimizer state, RNG, the task cursor and
 the counters, so `resume=True` continues where the run stopped (train/resume.py: a fresh run never reuses a
-workdir that holds one, changed config keys are logged and checked, what a killed phase left is moved aside).
+workdir that holds one, changed config keys are logged and checked, what a killed phase left is moved aside). The
+`kl` loss term's reference policy is not checkpointed: a resumed run builds it from `model.checkpoint` as the fresh
+run did, before restoring the checkpoint's params (`ShardedUpdate.ref_params`).
 `run()` stops at the next safe point (before a phase or an evaluation) on SIGTERM / SIGINT, with a checkpoint of the
 phases done (train/stopping.py); a resumed `run()` first redoes an evaluation due at the restored phase that
 `metrics.jsonl` does not hold (a kill or a stop came before or during it), and does nothing for a finished run.

@@ -4,6 +4,9 @@ model = build_policy(config)                                   # HF weights, or 
 update = ShardedUpdate(build(MeshConfig, config.mesh), model, tx, LossConfig.of(config.loss),
                        micro_batch_size=config.batch.micro_batch_size)   # params + optimizer state on the mesh
 metrics = update.step(batch)                                   # one optimizer step; params, opt_state updated
+
+With a loss term that reads the reference policy (`loss.terms=...,kl`), `update.ref_params` is a frozen copy of the
+parameters `ShardedUpdate` was built with: the policy the run starts from (see `ShardedUpdate`).
 """
 
 from __future__ import annotations
@@ -75,12 +78,19 @@ def _sharded_train_step(
     opt_state: Any,
     batch: TrainBatch,
     loss_cfg: LossConfig,
+    ref_params: nnx.State | None = None,
     *,
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """`train_step` with the loss coefficients as (traced) arguments: the function `ShardedUpdate` jits."""
-    return train_step(graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg)
+    """`train_step` with the loss coefficients (and the reference parameters, when a term needs them) as (traced)
+    arguments: the function `ShardedUpdate` jits."""
+    return train_step(graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg, ref_params=ref_params)
+
+
+def _copy(tree: Any) -> Any:
+    """A copy of every array of `tree` (new buffers)."""
+    return jax.tree.map(jnp.copy, tree)
 
 
 class ShardedUpdate:
@@ -98,6 +108,13 @@ class ShardedUpdate:
 
     Attributes:
       mesh, graphdef, params, opt_state, tx, loss_cfg; `shardings` = (params, optimizer state).
+      ref_params: the reference policy of the terms that need one (`loss_cfg.needs_ref`: the `kl` term), else None.
+        A frozen copy of `model`'s parameters as given here (same shardings as `params`; never updated, not in the
+        optimizer state, not checkpointed): the policy the run starts from. The trainers build `model` from
+        `model.checkpoint` before restoring a checkpoint into `params`, so a resumed run keeps the original
+        reference, not the resumed weights. It doubles the parameter memory (a LoRA policy would later make the
+        frozen base the reference for free), and each micro-batch runs one more forward pass. Without such a term
+        there is no copy and the compiled step is exactly the one without reference.
     """
 
     def __init__(
@@ -130,9 +147,12 @@ class ShardedUpdate:
         # The coefficients are arguments (float32 scalars, replicated), not constants: one compiled step serves every
         # λ / grpo_coef / clip_eps / writer_sft_coef, so the arms of a grid share it (through the compilation cache).
         self._coefs = distributed.global_batch(loss_cfg.traced(), replicated)
+        # A copy (new buffers: `params` are donated to every step), placed like the params.
+        self.ref_params = jax.jit(_copy, out_shardings=p_sh)(self.params) if loss_cfg.needs_ref else None
+        ref_sh = () if self.ref_params is None else (p_sh,)
         self._step = jax.jit(
             functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx),
-            in_shardings=(p_sh, o_sh, b_sh, replicated),
+            in_shardings=(p_sh, o_sh, b_sh, replicated, *ref_sh),
             out_shardings=(p_sh, o_sh, replicated),
             donate_argnums=(0, 1),
         )
@@ -146,8 +166,9 @@ class ShardedUpdate:
         """
         # multi-process: every process holds the same batch
         batch = distributed.global_batch(batch, self._batch_sharding)
+        ref = () if self.ref_params is None else (self.ref_params,)
         with sharding.activate(self.mesh):
-            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch, self._coefs)
+            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch, self._coefs, *ref)
         return metrics
 
     def abstract(self) -> tuple[Any, Any]:

@@ -13,6 +13,7 @@ a row.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -110,7 +111,9 @@ class TrainBatch:
 #: Positions per vocabulary-projection chunk of the loss's logprobs (`LossConfig.logprob_chunk`; not a setting).
 DEFAULT_LOGPROB_CHUNK = 128
 
-#: The coefficients and parameters `LossConfig` holds as fields (the built-in terms' `loss.*` keys).
+#: The coefficients and parameters `LossConfig` holds as fields (the default terms' `loss.*` keys). Every other key a
+#: configured term reads (the built-in `kl` term's `loss.kl_coef`, a registered term's) is held in `LossConfig.extra`,
+#: and only when a configured term reads it: the default terms' step has no other argument.
 BUILTIN_COEFS = ("lam", "grpo_coef", "clip_eps", "writer_sft_coef")
 
 
@@ -125,8 +128,9 @@ class LossConfig:
     shape the program and stay static.
 
     Attributes:
-      lam, grpo_coef, clip_eps, writer_sft_coef: the built-in terms' coefficients and GRPO's clip ε.
-      extra: {loss.* key: value} the coefficients and parameters of registered terms beyond those four.
+      lam, grpo_coef, clip_eps, writer_sft_coef: the default terms' coefficients and GRPO's clip ε.
+      extra: {loss.* key: value} the coefficients and parameters of the other configured terms (`kl_coef` of the
+        built-in `kl` term, those of terms registered from outside the package).
       terms: names of the terms, `loss.terms`.
     """
 
@@ -142,16 +146,19 @@ class LossConfig:
     @classmethod
     def of(cls, loss: Loss) -> LossConfig:
         """The terms (`loss.terms`) and coefficients of a run's `loss.*` settings: lam, grpo_coef, clip_eps,
-        writer_sft_coef, and the `coef` and `params` keys of every other configured term (`Loss.extra`)."""
+        writer_sft_coef, and the `coef` and `params` keys of every other configured term, each read from the `Loss`
+        field of that name (`loss.kl_coef`) or else from `Loss.extra` (a term registered from outside the package)."""
         terms = parse_terms(loss.terms)
+        fields = {f.name for f in dataclasses.fields(loss) if not f.metadata.get("extra")}
         keys = [k for name in terms for k in (LOSS_TERMS[name].coef, *LOSS_TERMS[name].params)]
-        missing = [k for k in keys if k not in BUILTIN_COEFS and k not in loss.extra]
+        keys = [k for k in dict.fromkeys(keys) if k not in BUILTIN_COEFS]
+        missing = [k for k in keys if k not in fields and k not in loss.extra]
         if missing:
             raise ValueError(
                 f"the loss settings have no key {', '.join(map(repr, missing))} for loss.terms={','.join(terms)!r}: "
                 "import the module that registers the term before building the config"
             )
-        extra = {k: loss.extra[k] for k in dict.fromkeys(keys) if k not in BUILTIN_COEFS}
+        extra = {k: getattr(loss, k) if k in fields else loss.extra[k] for k in keys}
         return build(cls, loss, extra=extra, terms=terms, logprob_chunk=DEFAULT_LOGPROB_CHUNK)
 
     def coef(self, key: str) -> float | jax.Array:
@@ -165,6 +172,12 @@ class LossConfig:
     def loss_terms(self) -> tuple[LossTerm, ...]:
         """The configured `LossTerm`s, in order."""
         return tuple(LOSS_TERMS[name] for name in parse_terms(self.terms))
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether a configured term reads the reference policy's logprobs (`LossTerm.needs_ref`): the train step
+        then takes the reference parameters."""
+        return any(t.needs_ref for t in self.loss_terms())
 
     def traced(self) -> LossConfig:
         """The coefficients as numpy float32 scalars (arguments of a jitted step: one program for every value)."""
@@ -284,19 +297,42 @@ def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t.mask for t in terms))
 
 
+def _needed(masks: Mapping[str, jax.Array], terms: tuple[LossTerm, ...]) -> jax.Array:
+    """[M, T] bool: the positions some term reads (the union of their masks)."""
+    return functools.reduce(operator.or_, (masks[m] for m in _mask_names(terms)))
+
+
+def _reference_logprobs(ref_params, graphdef, mb: dict[str, Any], loss_cfg: LossConfig) -> jax.Array:
+    """[M, T] log π_ref of one micro-batch's tokens under the frozen reference parameters, at the positions the terms
+    read (0 elsewhere); a constant of the loss (`stop_gradient`: no backward pass)."""
+    model = nnx.merge(graphdef, jax.lax.stop_gradient(ref_params))
+    lp, _ = sequence_logprobs(
+        model,
+        mb["ids"],
+        chunk=loss_cfg.logprob_chunk,
+        needed=_needed(mb["masks"], loss_cfg.loss_terms()),
+        segments=mb.get("segments"),
+    )
+    return jax.lax.stop_gradient(lp)
+
+
 def _micro_loss(
-    params, graphdef, mb: dict[str, Any], counts: dict[str, jax.Array], loss_cfg: LossConfig
+    params,
+    graphdef,
+    mb: dict[str, Any],
+    counts: dict[str, jax.Array],
+    loss_cfg: LossConfig,
+    ref_logprobs: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One micro-batch's Σ_k coef_k · sum_k / count_k (global counts) and every term's sums, keyed "{term}/sum" and
-    "{term}/{aux key}"."""
+    "{term}/{aux key}"; `ref_logprobs` go to the terms as `TermInputs.ref_logprobs`."""
     terms = loss_cfg.loss_terms()
     model = nnx.merge(graphdef, params)
     masks = mb["masks"]
-    needed = functools.reduce(operator.or_, (masks[m] for m in _mask_names(terms)))
     lp, entropy = sequence_logprobs(
-        model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=needed, segments=mb.get("segments")
+        model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=_needed(masks, terms), segments=mb.get("segments")
     )
-    inputs = TermInputs(lp, entropy, mb)
+    inputs = TermInputs(lp, entropy, mb, ref_logprobs)
     sums, coefs, aux = {}, {}, {}
     for term in terms:
         total, _, term_aux = term.fn(inputs, masks[term.mask], loss_cfg)
@@ -314,6 +350,7 @@ def train_step(
     *,
     tx: optax.GradientTransformation,
     loss_cfg: LossConfig,
+    ref_params: nnx.State | None = None,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Accumulates the gradients of the configured loss terms (`loss_cfg.terms`, §3: L = Σ_k coef_k · sum_k / count_k
     with count_k the token count of term k's mask over the whole batch) over the A micro-batches of `batch`, then
@@ -330,14 +367,24 @@ def train_step(
       tx: the optimizer.
       loss_cfg: the coefficients, as Python floats (constants of the program) or float32 scalars (`LossConfig.traced`:
         arguments of a jitted step, one program for every value); only used arithmetically, never branched on.
+      ref_params: the frozen reference policy's parameters (same structure as `params`), needed when a configured
+        term `needs_ref` (`loss_cfg.needs_ref`: the `kl` term): each micro-batch with targets then also runs their
+        forward pass (no backward) for `TermInputs.ref_logprobs`. Ignored, and the step is exactly the one without
+        them, when no term needs them.
 
     Returns:
       (new params, new optimizer state, metrics): loss, grad_norm (before clipping), detached_examples,
       skipped_nonfinite, and per term its mean (`LossTerm.metric_name`: grpo_loss, sft_nll, writer_sft_nll), its token
       count (`tokens_metric_name`: grpo_tokens, sft_tokens, writer_sft_tokens) and its extra metrics (GRPO's
-      clip_fraction, importance_ratio, entropy and sampler-vs-trainer logprob_gap).
+      clip_fraction, importance_ratio, entropy and sampler-vs-trainer logprob_gap; the kl term's kl, kl_tokens and
+      kl_k1).
     """
     terms = loss_cfg.loss_terms()
+    if not loss_cfg.needs_ref:
+        ref_params = None
+    elif ref_params is None:
+        names = ", ".join(t.name for t in terms if t.needs_ref)
+        raise ValueError(f"the loss term(s) {names} need the reference policy: pass train_step(..., ref_params=...)")
     blank = jnp.zeros(batch.ids.shape, bool)  # a mask the batch lacks: no tokens
     masks = {name: batch.masks.get(name, blank) for name in _mask_names(terms)}
     detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
@@ -345,7 +392,10 @@ def train_step(
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
     def compute(mb):
-        return grad_fn(params, graphdef, mb, counts, loss_cfg)
+        if ref_params is None:
+            return grad_fn(params, graphdef, mb, counts, loss_cfg)
+        ref_logprobs = _reference_logprobs(ref_params, graphdef, mb, loss_cfg)
+        return grad_fn(params, graphdef, mb, counts, loss_cfg, ref_logprobs)
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
