@@ -710,7 +710,7 @@ class Checkpointer:
             if all(p.startswith("opt_state") for p in problems):
                 hint = (
                     " (only the optimizer state differs: it was saved by another optimizer; resume with the optim.*"
-                    " settings the run was saved with, e.g. optim.name and optim.warmup_steps)"
+                    " settings the run was saved with, e.g. optim.name, optim.warmup_steps and optim.decay_steps)"
                 )
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r} does not match the restore target{hint}:\n  "
