@@ -179,7 +179,9 @@ class Insight:
     #   | rule (the verifier's first failed requirement turned into a sentence by rule; for untrained tiny models)
     #   | uninformative (a control, not in the paper: the verifier's sentence replaced by one of the same form and
     #     token length that says nothing about the failure; environments with such a control only: craft, forge)
-    source: str = setting("policy", choices=("policy", "teacher", "rule", "uninformative"))
+    #   | shuffled (a control, not in the paper: a real insight of another task's failure, true of the world but not
+    #     about this one's; forge only)
+    source: str = setting("policy", choices=("policy", "teacher", "rule", "uninformative", "shuffled"))
     # What goes into the context, from the writer's JSON (Table 3, §6):
     #   hint (the TL;DR sentence) | feedback (diagnostic paragraph) | summary_feedback
     #   | summary_feedback_code (+ corrected step) | strategy (SGE: summary of the attempt, try something else)

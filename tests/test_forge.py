@@ -9,7 +9,7 @@ import pytest
 from rltldr_jax.agent.rule_insight import rule_insight
 from rltldr_jax.envs import forge, get_spec, load_tasks, make_env
 from rltldr_jax.envs.base import Task
-from rltldr_jax.envs.registry import demonstrations, uninformative_insight
+from rltldr_jax.envs.registry import control_insight, demonstrations, uninformative_insight
 
 HARD = ("train", "valid", "tier1", "tier2", "tier3", "tier4")
 HELDIN = ("train", "valid", "tier1", "train_easy")
@@ -257,6 +257,26 @@ def test_uninformative_insights_name_no_tool_nor_gated_item_and_have_the_length_
     assert real == fake_lengths
 
 
+def test_shuffled_insights_are_real_rules_about_another_kind(splits):
+    """The shuffled control: a true hidden rule (a tool before an item of its kind), never about a kind the task
+    gathers, never naming a held-out item; deterministic."""
+    control = control_insight("forge", "shuffled")
+    named_kinds = collections.Counter()
+    for task in splits["train"][:200]:
+        insight = rule_insight(run(task, public(task))[1])
+        fake = control(insight, task, 3)
+        assert fake == control(insight, task, 3) and fake != insight
+        tool, item = fake.split('"')[1], fake.split('("')[1].split('")')[0]
+        assert fake == f'Make sure that you have "{tool}" before gather("{item}").'
+        assert item in forge.TRAINED_GATED and tool == forge.HIDDEN_RULES[forge.KINDS[item]]  # a real rule
+        gathered = {forge.KINDS[i] for i in public(task) if i in GATED}
+        assert forge.KINDS[item] not in gathered  # ...not about this task's failure
+        named_kinds[forge.KINDS[item]] += 1
+    assert set(named_kinds) == {"ore", "fibre", "gem", "herb"}  # every trained kind appears
+    with pytest.raises(ValueError, match="no shuffled control insights; insight.source='shuffled' needs"):
+        control_insight("craft", "shuffled")
+
+
 def test_classify_fix_tells_where_the_tools_are():
     task = forge._task("sword", [], "train")  # sword <- stick, steel (brick, iron, tin), ruby: ore and gem
     oracle = forge.oracle_plan("sword", [])
@@ -283,3 +303,24 @@ def test_the_spec_is_registered_like_crafts():
     assert description["hidden_rules"] == forge.HIDDEN_RULES and set(description["targets"]["tier2"]) == set(
         forge.TIER2_TARGETS
     )
+
+
+def test_the_writer_replaces_the_rule_insight_with_the_control(splits, tokenizer):
+    """insight.source = shuffled / uninformative: the rule writer's insight, replaced by the world's control; the
+    config's validation knows which worlds have which control."""
+    import asyncio
+
+    from rltldr_jax.agent.insight import InsightWriter
+    from rltldr_jax.agent.writer_prompt import FailedAttempt
+    from rltldr_jax.config import base
+
+    task = splits["train"][0]
+    ok, report = run(task, public(task))
+    failed = FailedAttempt(task, ((forge.plan_code(public(task)), ""),), report, attempt=1)
+    for source in ("shuffled", "uninformative"):
+        written = asyncio.run(InsightWriter(tokenizer, None, source=source, thinking=False).write(failed, seed=5))
+        assert not ok and written.insight == control_insight("forge", source)(rule_insight(report), task, 5)
+        assert written.fields["hint"] == written.insight != rule_insight(report)
+    config = base.override(base.get_config(), {"env.name": "craft", "insight.source": "shuffled"})
+    with pytest.raises(base.ConfigError, match="environment 'craft' has no shuffled control insights"):
+        base.validate(config)

@@ -42,7 +42,7 @@ from rltldr_jax.agent.rule_insight import rule_fields
 from rltldr_jax.agent.writer_json import CONTENTS, insight_from_fields, parse_writer_output
 from rltldr_jax.agent.writer_prompt import FailedAttempt, render_writer_prompt
 from rltldr_jax.engines.engine import GenerationEngine
-from rltldr_jax.envs.registry import uninformative_insight
+from rltldr_jax.envs.registry import CONTROLS, control_insight
 from rltldr_jax.settings import Settings, build, choices
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer
 
@@ -90,7 +90,7 @@ class InsightWriter:
     Args:
       tokenizer: the policy's tokenizer (Qwen chat format).
       engine: the policy's GenerationEngine (the writer is the policy itself, A.1).
-      source: policy | teacher | rule | uninformative (see the module docstring).
+      source: policy | teacher | rule | uninformative | shuffled (see the module docstring).
       content: hint | feedback | summary_feedback | summary_feedback_code | strategy.
       thinking: the writer thinks first (think budget), or answers directly (Qwen's closed empty think block).
       show_failed_tests: the writer prompt includes the verifier's report (config `insight.show_failed_tests`).
@@ -183,7 +183,7 @@ class InsightWriter:
 
         `seed` makes the writer's sampling reproducible (the answer phase uses seed + 1).
         """
-        if self.source in ("rule", "uninformative"):
+        if self.source == "rule" or self.source in CONTROLS:
             # No model runs; the writer context is still recorded (the writer-SFT ablations of Table 8 train on it).
             prompt = self.prompt_ids(failed)
             if failed.success and self.content != "strategy":
@@ -191,8 +191,8 @@ class InsightWriter:
             # Without the failed-test information (Table 3), the rule has no report to read: generic sentences.
             fields = rule_fields(failed if self.show_failed_tests else dataclasses.replace(failed, report=""))
             insight, error = insight_from_fields(fields, self.content)
-            if insight and self.source == "uninformative":  # the control: same form and length, no information
-                insight = uninformative_insight(failed.task.env)(insight, failed.task, seed or 0)
+            if insight and self.source in CONTROLS:  # a control: the rule's insight replaced (envs/registry.py)
+                insight = control_insight(failed.task.env, self.source)(insight, failed.task, seed or 0)
                 fields = {**fields, "hint": insight}
             return WriterOutput(insight, fields, error, 0, 0, prompt_ids=prompt)
         tok = self.tokenizer

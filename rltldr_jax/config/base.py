@@ -25,7 +25,7 @@ from rltldr_jax.agent.eval_set import split_names
 from rltldr_jax.engines.engine import top_k_error
 from rltldr_jax.engines.factory import engine_kind_error
 from rltldr_jax.engines.jax_engine import decode_group_error
-from rltldr_jax.envs.registry import uninformative_insight
+from rltldr_jax.envs.registry import CONTROLS, control_insight
 from rltldr_jax.envs.spec import env_name_error
 from rltldr_jax.loss_terms import LOSS_TERMS, terms_error
 from rltldr_jax.settings import Settings, as_dict, value_errors
@@ -118,9 +118,9 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             "insight.source='teacher' needs insight.teacher.checkpoint (an HF directory, run embedded) or "
             "insight.teacher.servers (host:port of gRPC servers hosting the teacher)"
         )
-    if c.insight.source == "uninformative":
+    if c.insight.source in CONTROLS:
         try:
-            uninformative_insight(c.env.name)
+            control_insight(c.env.name, c.insight.source)
         except ValueError as e:
             errors.append(str(e))
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:

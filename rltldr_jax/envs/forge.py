@@ -742,6 +742,18 @@ def uninformative_insight(insight: str, task: Task, seed: int) -> str:
             return insight_text(requirement(item, before))
 
 
+def shuffled_insight(insight: str, task: Task, seed: int) -> str:
+    """A control insight (not in the paper), the insights shuffled across tasks: a real hidden rule as the verifier
+    states it (`you have "shears" before gather("wool")`), so true of the world and informative for other tasks, but
+    about a kind this task's plans never gather, so not about its failure. Only trained gated items are named (never
+    a tier-3 item or the held-out kind). Deterministic per (insight, task, seed)."""
+    digest = hashlib.blake2b(f"shuffled|{seed}|{task.task_id}|{insight}".encode(), digest_size=8).digest()
+    rng = np.random.default_rng(int.from_bytes(digest, "little"))
+    kinds = {KINDS[i] for i in plan(task.spec["target"], task.spec["inventory"]) if i in GATED}
+    item = str(rng.choice([i for i in TRAINED_GATED if KINDS[i] not in kinds]))
+    return insight_text(requirement(HIDDEN_RULES[KINDS[item]], item))
+
+
 def world_description() -> dict[str, Any]:
     """The public rulebook, the hidden rules and the tiers, for reports and notebooks."""
     return {
@@ -834,6 +846,7 @@ SPEC = register(
         rule_failure=requirement_failure,
         demonstrations=_demonstrations,
         uninformative_insight=uninformative_insight,
+        shuffled_insight=shuffled_insight,
         world_fingerprint=_fingerprint,
     )
 )

@@ -70,17 +70,31 @@ def world_fingerprint(name: str) -> str:
     return source_fingerprint(spec.load_tasks.__module__)
 
 
-def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
-    """The control insight of environment `name` (insight.source = "uninformative", not in the paper):
-    (real insight, task, seed) -> a sentence of the same form and token length that carries no information about
-    the failure. Only the small-scale replication's worlds (craft, forge) have one."""
-    spec = get_spec(name)
-    if spec.uninformative_insight is None:
+#: The control insight sources (not in the paper): source -> (the EnvSpec field that implements it, the worlds that
+#: have it).
+CONTROLS: dict[str, tuple[str, str]] = {
+    "uninformative": ("uninformative_insight", "env.name='craft' or 'forge'"),
+    "shuffled": ("shuffled_insight", "env.name='forge'"),
+}
+
+
+def control_insight(name: str, source: str) -> Callable[[str, Task, int], str]:
+    """The control insight `source` (a key of `CONTROLS`) of environment `name`: (real insight, task, seed) -> the
+    sentence that replaces it. "uninformative": the same form and token length, no information about the failure;
+    "shuffled": a real insight of another task's failure. Only the small-scale replication's worlds have them."""
+    field, worlds = CONTROLS[source]
+    control = getattr(get_spec(name), field)
+    if control is None:
         raise ValueError(
-            f"environment {name!r} has no uninformative control insights; insight.source='uninformative' "
-            "needs a world that has them: env.name='craft' or 'forge'"
+            f"environment {name!r} has no {source} control insights; insight.source={source!r} needs a world that "
+            f"has them: {worlds}"
         )
-    return spec.uninformative_insight
+    return control
+
+
+def uninformative_insight(name: str) -> Callable[[str, Task, int], str]:
+    """`control_insight(name, "uninformative")`."""
+    return control_insight(name, "uninformative")
 
 
 def spec_of(name: str) -> EnvSpec:

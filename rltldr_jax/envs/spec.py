@@ -72,6 +72,9 @@ class EnvSpec:
       uninformative_insight: optional control insight (`insight.source="uninformative"`, not in the paper):
         (real insight, task, seed) -> a sentence of the same form and token length that says nothing about the
         failure.
+      shuffled_insight: optional control insight (`insight.source="shuffled"`, not in the paper): (real insight,
+        task, seed) -> a real insight of another task's failure, true of the world but not about this task's (the
+        insights shuffled across tasks).
       world_fingerprint: optional () -> a short hash of what the environment generates (pretraining caches are
         keyed on it); None: the hash of the source of the module that defines `load_tasks`.
     """
@@ -84,6 +87,7 @@ class EnvSpec:
     rule_failure: Callable[[str], str | None] | None = None
     demonstrations: Callable[..., Callable[[np.random.Generator], PretrainExample]] | None = None
     uninformative_insight: Callable[[str, Task, int], str] | None = None
+    shuffled_insight: Callable[[str, Task, int], str] | None = None
     world_fingerprint: Callable[[], str] | None = None
 
     def __post_init__(self) -> None:
