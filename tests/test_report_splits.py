@@ -62,3 +62,22 @@ def test_round_one_runs_keep_their_columns(tmp_path):
     with open(os.path.join(out, "results.csv"), encoding="utf-8") as f:
         assert next(csv.reader(f)) == list(COLUMNS)
     assert "Evaluation sets" not in open(os.path.join(out, "results.md"), encoding="utf-8").read()
+
+
+def test_the_checks_line_shows_each_evaluation_set():
+    from rltldr_jax.replication.driver import checks_line
+
+    checks = {
+        "iid_pass@1": 0.0,
+        "iid_pass@64": 0.0,
+        "sequential_pass@8": 0.7,
+        "sequential_pass@1_insight": 0.25,
+        "heldin_pass@1": 0.0,
+        "heldout_pass@1": 0.0,
+        "tier3_pass@1": 0.125,
+        "easy_pass@1": 0.9,
+    }
+    line = checks_line(checks)
+    assert "held-in 0.0 %, held-out 0.0 %, tier3 12.5 %, public-rule tasks 90.0 %" in line, line
+    del checks["tier3_pass@1"]
+    assert "held-out 0.0 %, public-rule tasks 90.0 %" in checks_line(checks)  # round one's line, unchanged

@@ -16,7 +16,7 @@ work at all?).
 
 from __future__ import annotations
 
-from rltldr_jax.agent.eval_set import attempt_records, eval_tasks
+from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
 from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.analysis.insight_curves import CurveResult, curve_tasks, insight_curves
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
@@ -49,7 +49,8 @@ def base_checks(
       (checks, curves): `checks` holds `iid_pass@1`, `iid_pass@{max_k}`, `iid_pass@{iid_samples}`,
       `latest_pass@{max_k}`, `sequential_pass@{max_k}`, `sequential_pass@1_insight` (success of the attempts
       with insights in context), `insight_advantage` (App. D.2), `heldin_pass@1` / `heldout_pass@1` (the evaluation
-      at step 0) and `easy_pass@1`; `curves` the three modes' Pass@k curves (k <= max_k).
+      at step 0), `{split}_pass@1` for every set of `eval.splits` (a world's tiers) and `easy_pass@1`; `curves` the
+      three modes' Pass@k curves (k <= max_k).
     """
     model, _, _ = policy_for_eval(config, config.model.checkpoint)
     tokenizer = policy_tokenizer(config)
@@ -108,6 +109,9 @@ def base_checks(
         )
         checks["heldout_pass@1"] = held_out["eval/pass@1/all"]
         checks["heldin_pass@1"] = held_in["eval_train/pass@1/all"]
+        for split, tasks in split_eval_tasks(config).items():  # eval.splits: a world's tiers, before any RL
+            measured, _ = evaluate(engine, builder, config, make_env=make_env, tag=0, tasks=tasks, prefix=split)
+            checks[f"{split}_pass@1"] = measured[f"{split}/pass@1/all"]
         if easy_split:
             easy = replace(config, {"env.eval_split": easy_split, "eval.num_tasks": num_tasks})
             checks["easy_pass@1"] = evaluate(engine, builder, easy, make_env=make_env, tag=0)[0]["eval/pass@1/all"]

@@ -87,11 +87,16 @@ def checks_line(checks: Mapping[str, float]) -> str:
     """The base checks in one line (Pass@k in %)."""
     k_iid, iid = _at_k(checks, "iid_pass")
     k_seq, seq = _at_k(checks, "sequential_pass")
+    splits = "".join(  # eval.splits: a world's tiers
+        f", {k.removesuffix('_pass@1')} {_pct(v)} %"
+        for k, v in checks.items()
+        if k.endswith("_pass@1") and k not in ("iid_pass@1", "heldin_pass@1", "heldout_pass@1", "easy_pass@1")
+    )
     return (
         f"i.i.d. Pass@{k_iid} {_pct(iid)} % on hard training tasks | with insights in context: Pass@1 "
         f"{_pct(checks['sequential_pass@1_insight'])} %, sequential Pass@{k_seq} {_pct(seq)} % | no-insight Pass@1: "
-        f"held-in {_pct(checks['heldin_pass@1'])} %, held-out {_pct(checks['heldout_pass@1'])} %, public-rule tasks "
-        f"{_pct(checks.get('easy_pass@1', math.nan))} %"
+        f"held-in {_pct(checks['heldin_pass@1'])} %, held-out {_pct(checks['heldout_pass@1'])} %{splits}, public-rule "
+        f"tasks {_pct(checks.get('easy_pass@1', math.nan))} %"
     )
 
 
