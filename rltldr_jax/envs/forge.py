@@ -82,8 +82,10 @@ import numpy as np
 
 from rltldr_jax.envs.base import StepResult, Task, Verdict
 
-# craft's record types and report format, so that both worlds' reports and insights read the same
-from rltldr_jax.envs.craft import _FORMAT_REQUIREMENT, Demonstration, Outcome, PlanError, _report, insight_text
+# the shared record types and report format (envs/crafting.py), so that both worlds' reports and insights read the same
+from rltldr_jax.envs.crafting import FORMAT_REQUIREMENT as _FORMAT_REQUIREMENT
+from rltldr_jax.envs.crafting import Demonstration, Outcome, PlanError, insight_text
+from rltldr_jax.envs.crafting import report as _report
 from rltldr_jax.envs.reports import requirement_failure
 from rltldr_jax.envs.sandbox import SandboxLimits
 from rltldr_jax.envs.spec import PLAN_PROMPT, EnvSpec, PretrainExample, register
