@@ -3,8 +3,9 @@
 Round one's world (`envs/craft.py`, kept as it is) had three hidden rules on three single items, each gated item in
 few recipes and always first in the public plan of a hard training task, and held-out *targets* that reused trained
 gated subtrees: its held-out split tested new targets, not new rules. This world keeps craft's mechanics (plans of
-one `gather("item")` / `craft("item")` per line, parsed and never executed; the same verifier report, insights,
-demonstrations and controls) and changes what the rules are about and what the evaluation holds out.
+one `gather("item")` / `craft("item")` per line, parsed and never executed; the same planner, verifier report,
+insights, demonstrations and controls: `envs/crafting.py`, shared by both worlds) and changes what the rules are
+about and what the evaluation holds out.
 
 **Items and kinds.** Every raw item has a public *kind* (`KINDS`): ungated kinds (plant, rock, fuel, earth) and five
 ruled kinds — ore, fibre, gem, herb and fish, with three or four items each. The task text states the kind of every
@@ -66,13 +67,21 @@ some demonstrations state true public rules of their plan instead (about crafts,
 **Controls.** `uninformative_insight` gives a sentence of the same form and token length as a real insight that
 names neither a tool nor a gated item (`you have "plank" before gather("sand")`). `classify_fix` is the probe for
 analyses: for each gated gather of a plan, whether the right tool, only a wrong one, every tool or none is held.
+
+**What lives where.** This module holds the world's rules (`KINDS`, `HIDDEN_RULES`, what is held out, `RECIPES`, at
+the top), its `WORLD` (`envs/crafting.py`'s `World` over those tables, gathers gated by `tool_for` and the task text
+stating the raw items' kinds), the tiers and their task generation, the probes (`gated_gathers`, `chance_fixes`,
+`classify_fix`, `world_stats`), its choices for the demonstrations (`CHEAP_ITEMS`, `made_up_requirements`, which
+never names a needed tool, inventories without tools, the `chance_fixes` check), its control insights and its
+EnvSpec. The mechanism it shares with craft — the planner, the replay, the plan parser, task records, the Env
+(`ForgeEnv` is `CraftingEnv` on this world), the report format and the demonstrations' common steps — is in
+`envs/crafting.py`, bound to `WORLD` here under this module's names (`plan`, `execute`, `parse_plan`, ...). The
+shipped base policies are keyed on `_fingerprint()` (`f190025142f0`): changing what the world generates breaks them.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
-import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
@@ -80,15 +89,15 @@ from typing import Any
 
 import numpy as np
 
-from rltldr_jax.envs.base import StepResult, Task, Verdict
-
-# the shared record types and report format (envs/crafting.py), so that both worlds' reports and insights read the same
-from rltldr_jax.envs.crafting import FORMAT_REQUIREMENT as _FORMAT_REQUIREMENT
-from rltldr_jax.envs.crafting import Demonstration, Outcome, PlanError, insight_text
-from rltldr_jax.envs.crafting import report as _report
+from rltldr_jax.envs import crafting
+from rltldr_jax.envs.base import Task
+from rltldr_jax.envs.crafting import VERBS as VERBS  # (re-exported: forge.VERBS, forge.PlanError, ...)
+from rltldr_jax.envs.crafting import Demonstration, insight_text
+from rltldr_jax.envs.crafting import Outcome as Outcome
+from rltldr_jax.envs.crafting import PlanError as PlanError
 from rltldr_jax.envs.reports import requirement_failure
 from rltldr_jax.envs.sandbox import SandboxLimits
-from rltldr_jax.envs.spec import PLAN_PROMPT, EnvSpec, PretrainExample, register
+from rltldr_jax.envs.spec import PLAN_PROMPT, EnvSpec, register
 
 ENV = "forge"
 
@@ -228,8 +237,6 @@ GATED = tuple(i for i in RAW if KINDS[i] in HIDDEN_RULES)
 HELDOUT = HELDOUT_ITEMS + tuple(i for i in RAW if KINDS[i] == HELDOUT_KIND)
 #: The trained gated items: gated, not held out.
 TRAINED_GATED = tuple(i for i in GATED if i not in HELDOUT)
-VERBS = ("gather", "craft")
-_LINE = re.compile(r'(gather|craft)\("([a-z]+)"\)')
 
 #: The seed of every split that must not depend on the run's seed (valid, tier1-tier4, eval_easy).
 WORLD_SEED = 20260
@@ -240,131 +247,31 @@ def tool_for(item: str) -> str | None:
     return HIDDEN_RULES.get(KINDS.get(item, ""))
 
 
-def action(item: str) -> str:
-    """The plan line that obtains `item`: `gather("iron")` or `craft("steel")`."""
-    if item not in ITEMS:
-        raise ValueError(f"unknown item {item!r}")
-    return f'{"gather" if item in RAW else "craft"}("{item}")'
-
-
-def requirement(item: str, before: str) -> str:
-    """A requirement in the verifier's words: `you have "pickaxe" before gather("iron")`."""
-    return f'you have "{item}" before {action(before)}'
-
-
-# ----------------------------------------------------------------------------------------------------
-# Planning and execution (craft's algorithms on this world's tables)
-# ----------------------------------------------------------------------------------------------------
-
-
-def closure(target: str) -> list[str]:
-    """Every item in `target`'s public recipe tree (the target excluded), in first-use order."""
-    seen: list[str] = []
-
-    def walk(item: str) -> None:
-        for ingredient in RECIPES.get(item, ()):
-            if ingredient not in seen:
-                seen.append(ingredient)
-                walk(ingredient)
-
-    walk(target)
-    return seen
-
-
 def goal_text(target: str, inventory: Sequence[str]) -> str:
     """The task's instruction, with the public kind of every raw item of the target's recipe tree:
     `Craft "steel". Inventory: "coal". Raw: "coal" fuel, "iron" ore, "tin" ore.`"""
-    held = ", ".join(f'"{i}"' for i in sorted(inventory)) if inventory else "nothing"
     raw = ", ".join(f'"{i}" {KINDS[i]}' for i in sorted(i for i in closure(target) if i in KINDS))
-    return f'Craft "{target}". Inventory: {held}.' + (f" Raw: {raw}." if raw else "")
+    return crafting.goal_text(target, inventory) + (f" Raw: {raw}." if raw else "")
 
 
-def plan(target: str, inventory: Iterable[str] = (), requirements: Iterable[tuple[str, str]] = ()) -> list[str]:
-    """The public planner (craft's `plan` on this world): the items to obtain, in order, so that `target` ends in the
-    inventory. Depth first over the public recipes, held items used (and consumed) instead of obtained.
-    `requirements` are (item, raw) pairs, "have `item` when gathering `raw`": right before such a gather the item is
-    obtained (its own plan) unless held — how demonstrations obey insights and `oracle_plan` meets the hidden rules.
-    """
-    need: dict[str, list[str]] = {}
-    for item, raw in requirements:
-        if item not in ITEMS or raw not in RAW:
-            raise ValueError(f"a requirement names an item and a raw item it is needed for; got ({item!r}, {raw!r})")
-        need.setdefault(raw, []).append(item)
-    if target not in ITEMS:
-        raise ValueError(f"unknown item {target!r}")
-    held: collections.Counter[str] = collections.Counter(inventory)
-    out: list[str] = []
+#: The rulebook for the shared machinery (envs/crafting.py): a gather of an item of a ruled kind needs its tool.
+WORLD = crafting.World(ENV, RAW, RECIPES, tool_for=tool_for, goal_text=goal_text)
 
-    def obtain(item: str, depth: int = 0) -> None:
-        if depth > 16:
-            raise ValueError(f"the requirements around {item!r} form a cycle")
-        for required in need.get(item, ()):
-            if not held[required]:
-                obtain(required, depth + 1)
-        for ingredient in RECIPES.get(item, ()):
-            if not held[ingredient]:
-                obtain(ingredient, depth + 1)
-            held[ingredient] -= 1
-        out.append(item)
-        held[item] += 1
-
-    obtain(target)
-    return out
+# The shared machinery on this world, under the names this module has always exported (crafting.py documents them).
+action, requirement, closure = WORLD.action, WORLD.requirement, WORLD.closure
+plan, oracle_plan, execute, is_hard = WORLD.plan, WORLD.oracle_plan, WORLD.execute, WORLD.is_hard
+parse_plan, plan_lines, plan_code = WORLD.parse_plan, WORLD.plan_lines, WORLD.plan_code
+public_statements, _task = WORLD.public_statements, WORLD.task
 
 
-def oracle_plan(target: str, inventory: Sequence[str]) -> list[str]:
-    """The plan that also knows the hidden rules: each gated gather preceded by its tool's plan (unless held)."""
-    return plan(target, inventory, [(tool_for(raw), raw) for raw in GATED])
-
-
-def execute(items: Sequence[str], inventory: Iterable[str], *, hidden: bool = True) -> Outcome:
-    """Replays a plan (items to obtain, in order) from `inventory`; stops at the first action whose requirement
-    is not met: a missing ingredient, or (with `hidden`) a hidden rule's missing tool."""
-    held: dict[str, int] = {}
-    for item in inventory:
-        held[item] = held.get(item, 0) + 1
-    for n, item in enumerate(items, 1):
-        needs = RECIPES.get(item, ())
-        tool = tool_for(item) if hidden else None
-        for ingredient in needs:
-            if held.get(ingredient, 0) < needs.count(ingredient):
-                return Outcome(held, n, ingredient)
-        if tool and not held.get(tool, 0):
-            return Outcome(held, n, tool)
-        for ingredient in needs:
-            held[ingredient] -= 1
-        held[item] = held.get(item, 0) + 1
-    return Outcome(held, 0, "")
-
-
-def parse_plan(code: str) -> list[str]:
-    """The items a plan's lines obtain: one `gather("raw item")` or `craft("recipe item")` per line (the verb must
-    match the item), blank lines skipped. Raises craft's PlanError."""
-    items = []
-    for n, raw in enumerate(code.splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
-        m = _LINE.fullmatch(line)
-        if not m:
-            raise PlanError(n, line, 'not a gather("item") or craft("item") call')
-        verb, item = m.groups()
-        if item not in ITEMS:
-            raise PlanError(n, line, f"unknown item {item!r}")
-        if (verb == "gather") != (item in RAW):
-            raise PlanError(n, line, f"{item!r} is {'gathered' if item in RAW else 'crafted'}, not {verb}ed")
-        items.append(item)
-    return items
+# ----------------------------------------------------------------------------------------------------
+# Probes: where a plan gathers gated items, and what it holds then
+# ----------------------------------------------------------------------------------------------------
 
 
 def gated_gathers(items: Sequence[str]) -> list[int]:
     """The 1-based lines of a plan that gather a gated item."""
     return [n for n, item in enumerate(items, 1) if item in GATED]
-
-
-def is_hard(target: str, inventory: Sequence[str]) -> bool:
-    """True when the public plan fails under the hidden rules (a tool is missing when needed)."""
-    return execute(plan(target, inventory), inventory).failed_line > 0
 
 
 def _holding(items: Sequence[str], inventory: Iterable[str]) -> list[frozenset[str]]:
@@ -488,26 +395,6 @@ def _fits(tier: str, target: str, inventory: Sequence[str]) -> bool:
     return True
 
 
-def _task(target: str, inventory: Sequence[str], split: str) -> Task:
-    inv = tuple(sorted(inventory))
-    key = target + ":" + ",".join(inv)
-    return Task(
-        f"{ENV}/{target}/{hashlib.blake2b(key.encode(), digest_size=5).hexdigest()}",
-        goal_text(target, inv),
-        ENV,
-        split,
-        {"target": target, "inventory": list(inv)},
-    )
-
-
-def _inventory(target: str, rng: np.random.Generator) -> list[str]:
-    """Each item of the target's tree held with probability 0.3, plus up to two extras (`_EXTRAS` outside it)."""
-    tree = closure(target)
-    others = [i for i in _EXTRAS if i not in tree and i != target]
-    inventory = [i for i in tree if rng.random() < 0.3]
-    return inventory + [str(x) for x in rng.choice(others, size=int(rng.integers(0, 3)), replace=False)]
-
-
 def _draw(
     targets: Sequence[str],
     split: str,
@@ -521,7 +408,7 @@ def _draw(
     for target in targets:
         seen: set[tuple[str, tuple[str, ...]]] = set()
         for _ in range(per_target * 60):
-            inventory = _inventory(target, rng)
+            inventory = WORLD.draw_inventory(target, rng, _EXTRAS)
             key = plan_key(target, inventory)
             if key in seen or key in exclude or not accept(target, inventory):
                 continue
@@ -588,69 +475,17 @@ def load_tasks(split: str, seed: int = 0) -> list[Task]:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ForgeEnv:
-    """Implements the Env protocol (envs/base.py) for forge tasks, as `CraftEnv` does for craft's: one step per
+class ForgeEnv(crafting.CraftingEnv):
+    """The Env of forge tasks (`crafting.CraftingEnv` on this world, as `CraftEnv` is on craft's): one step per
     attempt (the whole plan), parsed and replayed; `verify()` reports the first failed requirement."""
 
     def __init__(self) -> None:
-        self.task: Task | None = None
-        self._failures: tuple[str, ...] | None = None
-
-    def reset(self, task: Task) -> str:
-        if task.env != ENV:
-            raise ValueError(f"ForgeEnv got a task of environment {task.env!r}")
-        self.task, self._failures = task, None
-        return task.goal
-
-    def step(self, code: str) -> StepResult:
-        if self.task is None:
-            raise RuntimeError("call reset(task) before step()")
-        if self._failures is not None:
-            return StepResult("The plan was already run.", True)
-        target, inventory = self.task.spec["target"], list(self.task.spec["inventory"])
-        try:
-            items = parse_plan(code)
-        except PlanError as e:
-            self._failures = (f'line {e.line} is a gather("item") or craft("item") call with a known item',)
-            return StepResult(f"Error on line {e.line}: {e.why}. Nothing was done.", True)
-        if not items:
-            self._failures = (_FORMAT_REQUIREMENT,)
-            return StepResult("The plan is empty. Nothing was done.", True)
-        outcome = execute(items, inventory)
-        if outcome.failed_line:
-            item = items[outcome.failed_line - 1]
-            self._failures = (requirement(outcome.missing, item),)
-            return StepResult(f"Line {outcome.failed_line} failed: {action(item)}. The plan stopped there.", True)
-        if not outcome.inventory.get(target, 0):
-            self._failures = (f'you have "{target}" at the end of the plan',)
-            return StepResult(f'All {len(items)} lines ran; "{target}" is not in the inventory.', True)
-        self._failures = ()
-        return StepResult(f"All {len(items)} lines ran.", True)
-
-    def verify(self) -> Verdict:
-        if self.task is None:
-            raise RuntimeError("call reset(task) before verify()")
-        failures = (_FORMAT_REQUIREMENT,) if self._failures is None else self._failures
-        return Verdict(not failures, _report(failures), 0 if failures else 1, 1, failures)
-
-    def close(self) -> None:
-        self.task = None
+        super().__init__(WORLD)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Pretraining demonstrations and control insights
 # ----------------------------------------------------------------------------------------------------
-
-
-def plan_lines(items: Sequence[str]) -> str:
-    """The plan's code: one call per line (what `ForgeEnv.step` takes)."""
-    return "".join(action(i) + "\n" for i in items)
-
-
-def plan_code(items: Sequence[str]) -> str:
-    """The plan as the policy writes it: a fenced Python block, one call per line."""
-    return "```python\n" + plan_lines(items) + "```"
-
 
 #: Items without a gated item in their tree whose public plan from an empty inventory has at most four actions
 #: (every tool is one): what a made-up requirement may name.
@@ -667,68 +502,37 @@ def made_up_requirements(
     public plan, `item` one of `CHEAP_ITEMS` outside the target's tree whose own recipe does not gather `raw`; a
     tool only when the plan gathers no item of its kind (so never a hidden pair, and no gated gather of the plan
     happens with its tool held); no two interfere."""
-    tree = {target, *closure(target)}
-    gathered = [i for i in dict.fromkeys(plan(target, inventory)) if i in RAW]
-    needed_tools = {tool_for(i) for i in gathered}  # (the tools of the kinds the plan gathers)
-    pairs = [
-        (i, b) for b in gathered for i in CHEAP_ITEMS if i not in tree and b not in closure(i) and i not in needed_tools
-    ]
-    picked: list[tuple[str, str]] = []
-    for k in rng.permutation(len(pairs)):
-        item, raw = pairs[k]
-        if all(
-            item != i
-            and item not in closure(i)
-            and i not in closure(item)
-            and raw not in closure(i)
-            and b not in closure(item)
-            for i, b in picked
-        ):
-            picked.append(pairs[k])
-        if len(picked) == n:
-            break
-    return picked
+
+    def allowed(item: str, raw: str, gathered: Sequence[str]) -> bool:
+        return item not in {tool_for(i) for i in gathered}  # (not the tool of a kind the plan gathers)
+
+    return crafting.made_up_requirements(WORLD, target, inventory, rng, n, items=CHEAP_ITEMS, allowed=allowed)
 
 
-def public_statements(target: str, inventory: Sequence[str], rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
-    """Up to `n` true public rules of the plan as requirements (ingredient, crafted item): `you have "coal" before
-    craft("steel")` (never a hidden rule: those are about gathers)."""
-    crafted = [i for i in dict.fromkeys(plan(target, inventory)) if i in RECIPES]
-    pairs = [(ingredient, item) for item in crafted for ingredient in RECIPES[item]]
-    return [pairs[k] for k in rng.permutation(len(pairs))[:n]]
+#: Items a demonstration's inventory may hold besides items of its target's tree: anything but a tool.
+_DEMO_EXTRAS = tuple(i for i in ITEMS if i not in TOOLS)
 
 
 def demonstration(
     rng: np.random.Generator, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
 ) -> Demonstration:
-    """A random pretraining example (craft's `demonstration` on this world): any recipe as target (held-out ones
+    """A random pretraining example (`crafting.demonstration` on this world): any recipe as target (held-out ones
     included), a random inventory without tools, and with probability `insight_prob` one or two made-up requirements
     shown as up to `max_insights` insight messages that the plan obeys; with probability `statement_prob` (drawn
     first) the insights instead state true public rules of the plan (`statements=True`)."""
-    target = str(rng.choice(list(RECIPES)))
-    tree = closure(target)
-    others = [i for i in ITEMS if i not in tree and i != target and i not in TOOLS]
-    inventory = [i for i in tree if rng.random() < 0.3] + [
-        str(x) for x in rng.choice(others, size=int(rng.integers(0, 3)), replace=False)
-    ]
-    requirements: list[tuple[str, str]] = []
-    insights: list[tuple[str, int]] = []
-    statements = bool(statement_prob) and rng.random() < statement_prob
-    if statements:
-        requirements = public_statements(target, inventory, rng, int(rng.integers(1, 3)))
-        statements = bool(requirements)
-    elif rng.random() < insight_prob:
-        requirements = made_up_requirements(target, inventory, rng, int(rng.integers(1, 3)))
-    if requirements:  # (a plan that gathers nothing has nothing to require)
-        count = int(rng.integers(len(requirements), max(len(requirements), max_insights) + 1))
-        shown = [requirements[k % len(requirements)] for k in range(count)]
-        rng.shuffle(shown)
-        numbers = np.sort(rng.choice(np.arange(1, 9), size=count, replace=False))
-        insights = [(insight_text(requirement(i, b)), int(n)) for (i, b), n in zip(shown, numbers, strict=True)]
-    items = plan(target, inventory, [] if statements else requirements)
-    if chance_fixes(items, inventory):  # (impossible by construction; a hidden rule must never reach pretraining)
-        raise AssertionError(f"a demonstration meets a hidden rule: {target!r}, {inventory}, {items}")
-    return Demonstration(_task(target, inventory, "pretrain"), tuple(insights), tuple(items), statements)
+    demo = crafting.demonstration(
+        WORLD,
+        rng,
+        made_up=made_up_requirements,
+        extras=_DEMO_EXTRAS,
+        insight_prob=insight_prob,
+        max_insights=max_insights,
+        statement_prob=statement_prob,
+    )
+    target, inventory = demo.task.spec["target"], demo.task.spec["inventory"]
+    if chance_fixes(demo.plan, inventory):  # (impossible by construction; a hidden rule must never reach pretraining)
+        raise AssertionError(f"a demonstration meets a hidden rule: {target!r}, {inventory}, {list(demo.plan)}")
+    return demo
 
 
 def uninformative_insight(insight: str, task: Task, seed: int) -> str:
@@ -736,8 +540,7 @@ def uninformative_insight(insight: str, task: Task, seed: int) -> str:
     `you have "X" before gather("Y")` for an ungated raw item Y and a cheap ungated item X that is no tool (a tool
     named by chance could fix a gated gather; a gated Y would point at the kind that fails). Deterministic per
     (insight, task, seed)."""
-    digest = hashlib.blake2b(f"{seed}|{task.task_id}|{insight}".encode(), digest_size=8).digest()
-    rng = np.random.default_rng(int.from_bytes(digest, "little"))
+    rng = crafting.hashed_rng(f"{seed}|{task.task_id}|{insight}")
     while True:
         before, item = str(rng.choice(UNGATED_RAW)), str(rng.choice(CONTROL_ITEMS))
         if item != before and before not in closure(item):
@@ -749,8 +552,7 @@ def shuffled_insight(insight: str, task: Task, seed: int) -> str:
     states it (`you have "shears" before gather("wool")`), so true of the world and informative for other tasks, but
     about a kind this task's plans never gather, so not about its failure. Only trained gated items are named (never
     a tier-3 item or the held-out kind). Deterministic per (insight, task, seed)."""
-    digest = hashlib.blake2b(f"shuffled|{seed}|{task.task_id}|{insight}".encode(), digest_size=8).digest()
-    rng = np.random.default_rng(int.from_bytes(digest, "little"))
+    rng = crafting.hashed_rng(f"shuffled|{seed}|{task.task_id}|{insight}")
     kinds = {KINDS[i] for i in plan(task.spec["target"], task.spec["inventory"]) if i in GATED}
     item = str(rng.choice([i for i in TRAINED_GATED if KINDS[i] not in kinds]))
     return insight_text(requirement(HIDDEN_RULES[KINDS[item]], item))
@@ -811,26 +613,9 @@ def world_stats(seed: int = 0) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _demonstrations(
-    *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
-) -> Callable[[np.random.Generator], PretrainExample]:
-    def draw(rng: np.random.Generator) -> PretrainExample:
-        demo = demonstration(rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
-        return demo.task, demo.insights, plan_code(demo.plan), demo.statements
-
-    return draw
-
-
 def _fingerprint() -> str:
     """A hash of every split's tasks (seed 0) and of a fixed sample of demonstrations (with and without statements)."""
-    h = hashlib.sha256()
-    for split in SPLITS:
-        h.update("".join(t.to_json() for t in generate_tasks(split)).encode())
-    rng = np.random.default_rng(0)
-    for statement_prob in (0.0, 0.5):
-        for _ in range(300):
-            h.update(repr(demonstration(rng, statement_prob=statement_prob)).encode())
-    return h.hexdigest()[:12]
+    return crafting.fingerprint(SPLITS, generate_tasks, demonstration)
 
 
 def _make_env(limits: SandboxLimits) -> ForgeEnv:
@@ -846,7 +631,7 @@ SPEC = register(
         task_prompt=PLAN_PROMPT,
         writer_prompt="device",
         rule_failure=requirement_failure,
-        demonstrations=_demonstrations,
+        demonstrations=crafting.pretrain_examples(WORLD, demonstration),
         uninformative_insight=uninformative_insight,
         shuffled_insight=shuffled_insight,
         world_fingerprint=_fingerprint,
