@@ -7,13 +7,18 @@ rest; a test overrides only the keys it checks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from configs import sapi
+from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.config import base
+from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.settings import Settings, settings_of
+from rltldr_jax.train.batching import pack
 
 #: One small phase of the tiny preset: 1 task, 2 attempts of at most 2 actions of a few tokens, trained in micro-batches
 #: of the preset's shape (4 examples padded to 1024 tokens: one train-step program per loss configuration), and a
@@ -55,3 +60,33 @@ def tiny_run_config(
 def tiny_run_settings(workdir: str, phases: int = 1, overrides: dict[str, Any] | None = None) -> Settings:
     """The `Settings` of `tiny_run_config` (what a `Trainer` takes)."""
     return settings_of(tiny_run_config(workdir, phases, overrides))
+
+
+def small_term_model():
+    """A tiny random Qwen 3.5 with a 256-token vocabulary (4 layers): the loss-term tests' model."""
+    return ModelSpec(
+        dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=4, layer_types=())
+    ).build(seed=0)
+
+
+def small_term_batch():
+    """Three seeded examples (actions in their second half, 4 insight tokens each, advantages -1, 0, 1) packed as 2
+    micro-batches of 2 rows: the loss-term tests' batch."""
+    r = np.random.default_rng(0)
+    examples = []
+    for i, n in enumerate([24, 31, 17]):
+        pos = np.arange(n)
+        examples.append(
+            Example(
+                ids=r.integers(1, 256, n).astype(np.int32),
+                old_logprobs=np.where(pos >= n // 2, -r.uniform(3, 7, n), 0.0).astype(np.float32),
+                action_mask=pos >= n // 2,
+                insight_mask=(pos >= 2) & (pos < 6),
+                advantage=float(i) - 1.0,
+                task_id="t",
+                attempt=i,
+                step=0,
+            )
+        )
+    (batch,) = pack(examples, micro_batch_size=2, grad_accum_steps=2, pad_to_multiple=16)
+    return batch

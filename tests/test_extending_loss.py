@@ -3,7 +3,6 @@ run through the real Trainer with it on, and with coefficient 0 the same step as
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -11,15 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_config, tiny_run_settings
+from helpers import small_term_batch, small_term_model, tiny_config, tiny_run_settings
 
 from examples.entropy_bonus import entropy_bonus
-from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.config import base
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, TermInputs, combine
-from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.settings import settings_of
-from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
 
@@ -48,37 +44,14 @@ def test_registering_adds_the_coefficient_key_and_validation_knows_the_term():
 
 @pytest.fixture(scope="module")
 def model():
-    return ModelSpec(
-        dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=4, layer_types=())
-    ).build(seed=0)
-
-
-def _batch():
-    r = np.random.default_rng(0)
-    examples = []
-    for i, n in enumerate([24, 31, 17]):
-        pos = np.arange(n)
-        examples.append(
-            Example(
-                ids=r.integers(1, 256, n).astype(np.int32),
-                old_logprobs=np.where(pos >= n // 2, -r.uniform(3, 7, n), 0.0).astype(np.float32),
-                action_mask=pos >= n // 2,
-                insight_mask=(pos >= 2) & (pos < 6),
-                advantage=float(i) - 1.0,
-                task_id="t",
-                attempt=i,
-                step=0,
-            )
-        )
-    (batch,) = pack(examples, micro_batch_size=2, grad_accum_steps=2, pad_to_multiple=16)
-    return batch
+    return small_term_model()
 
 
 def test_coefficient_zero_is_the_step_without_the_term(model):
     graphdef, params = nnx.split(model)
     tx = make_optimizer(1e-3)
     opt = tx.init(params)
-    batch = _batch()
+    batch = small_term_batch()
     step = jax.jit(functools.partial(train_step, graphdef, tx=tx))
     without = step(params, opt, batch, loss_cfg=LossConfig().traced())
     off = LossConfig(terms=WITH_BONUS, extra={"entropy_coef": 0.0}).traced()

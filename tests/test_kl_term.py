@@ -5,7 +5,6 @@ reference stays the initial policy, through an update and a resume."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -14,16 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_config, tiny_run_settings
+from helpers import small_term_batch, small_term_model, tiny_config, tiny_run_settings
 
-from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.config import base
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, TermInputs, combine
 from rltldr_jax.losses import kl_loss
-from rltldr_jax.models import ModelSpec, get_preset
 from rltldr_jax.settings import settings_of
 from rltldr_jax.sharding import MeshConfig
-from rltldr_jax.train.batching import pack
 from rltldr_jax.train.loop import Trainer
 from rltldr_jax.train.setup import ShardedUpdate, build_policy
 from rltldr_jax.train.step import LossConfig, make_optimizer, train_step
@@ -92,30 +88,7 @@ def test_the_coefficient_is_the_loss_field_kl_coef():
 
 @pytest.fixture(scope="module")
 def model():
-    return ModelSpec(
-        dataclasses.replace(get_preset("tiny"), vocab_size=256, num_hidden_layers=4, layer_types=())
-    ).build(seed=0)
-
-
-def _batch():
-    r = np.random.default_rng(0)
-    examples = []
-    for i, n in enumerate([24, 31, 17]):
-        pos = np.arange(n)
-        examples.append(
-            Example(
-                ids=r.integers(1, 256, n).astype(np.int32),
-                old_logprobs=np.where(pos >= n // 2, -r.uniform(3, 7, n), 0.0).astype(np.float32),
-                action_mask=pos >= n // 2,
-                insight_mask=(pos >= 2) & (pos < 6),
-                advantage=float(i) - 1.0,
-                task_id="t",
-                attempt=i,
-                step=0,
-            )
-        )
-    (batch,) = pack(examples, micro_batch_size=2, grad_accum_steps=2, pad_to_multiple=16)
-    return batch
+    return small_term_model()
 
 
 #: The step's KL when params == reference: 0 up to float32 rounding. The policy's forward pass (under autodiff) and
@@ -132,7 +105,7 @@ def test_the_step_with_the_policy_as_reference(model):
     graphdef, params = nnx.split(model)
     tx = make_optimizer(1.0, name="sgd", grad_clip_norm=0.0)
     opt = tx.init(params)
-    batch = _batch()
+    batch = small_term_batch()
     step = jax.jit(functools.partial(train_step, graphdef, tx=tx))
     alone = LossConfig(terms=("kl",), extra={"kl_coef": 1.0}).traced()
     new, _, m = step(params, opt, batch, loss_cfg=alone, ref_params=params)
@@ -165,7 +138,7 @@ def test_sharded_update_holds_a_reference_only_when_a_term_needs_it(model):
     initial = jax.tree.map(np.asarray, kl.params)
     for r, p in zip(jax.tree.leaves(kl.ref_params), jax.tree.leaves(kl.params), strict=True):
         assert r.sharding == p.sharding and r.unsafe_buffer_pointer() != p.unsafe_buffer_pointer()
-    metrics = kl.step(_batch())  # params donated and updated; the reference kept as it was
+    metrics = kl.step(small_term_batch())  # params donated and updated; the reference kept as it was
     assert 0.0 <= float(metrics["kl"]) < ROUNDING_KL and float(metrics["kl_tokens"]) > 0
     _assert_trees_equal(kl.ref_params, initial)
     assert _trees_differ(kl.params, initial)
