@@ -453,6 +453,14 @@ class Pretrain:
     # The declarative-pretraining experiment: this share of demonstrations instead has insights that state true
     # public rules of the plan (task -> rule statement), trained as targets next to the action.
     statement_prob: float = setting(0.0, ge=0.0, le=1.0)
+    # Insight writing (replication round two): this share of the demonstrations with made-up insights also trains
+    # their insight sentences as targets, given the task (as L_SFT will): the base policy learns to write insights,
+    # so L_SFT starts from a policy for which insight tokens are a learnt output. Their content is made up, never
+    # a hidden rule: what is learnt is the form.
+    write_prob: float = setting(0.0, ge=0.0, le=1.0)
+    # this share of insight and statement sentences is phrased in another wording than the verifier's
+    # (envs/crafting.py WORDINGS), so that insights are read and written in more than one form
+    reword_prob: float = setting(0.0, ge=0.0, le=1.0)
     cache_dir: str = setting("")  # "" = runs/pretrained
     # Use a base policy shipped with the package (rltldr_jax/replication/base_policies) when one has this config's
     # pretraining key, instead of pretraining it again (the replication's seeds 0-2: about 10-20 CPU minutes each).

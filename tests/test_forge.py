@@ -2,12 +2,13 @@
 pretraining demonstrations that never meet a hidden rule, the control insight and the fix probe."""
 
 import collections
+import re
 
 import numpy as np
 import pytest
 
 from rltldr_jax.agent.rule_insight import rule_insight
-from rltldr_jax.envs import forge, get_spec, load_tasks, make_env
+from rltldr_jax.envs import crafting, forge, get_spec, load_tasks, make_env
 from rltldr_jax.envs.base import Task
 from rltldr_jax.envs.registry import control_insight, demonstrations, uninformative_insight
 
@@ -231,6 +232,42 @@ def test_demonstrations_obey_their_insights_and_never_meet_a_hidden_rule():
     assert heldout_plans > 500  # held-out items and fish are gathered in pretraining (never with their tool)
     assert set(named_tools) == set(forge.TOOLS)  # tools are required (for other kinds), so their sub-plans are shown
     assert 1200 < with_insights < 2000 and 150 < statements < 450
+
+
+def _parse(sentence: str) -> tuple[str, str, str, int]:
+    """(item, verb, raw, wording) of a requirement in any of `crafting.WORDINGS`; asserts it is one of them."""
+    (item,) = re.findall(r'"([a-z]+)"(?!\))', sentence)
+    ((verb, before),) = re.findall(r'(gather|craft)\("([a-z]+)"\)', sentence)
+    forms = [w.format(item=item, action=f'{verb}("{before}")') for w in crafting.WORDINGS]
+    assert sentence in forms, sentence
+    return item, verb, before, forms.index(sentence)
+
+
+def test_written_and_reworded_insights_are_targets_in_every_wording_and_never_a_hidden_rule():
+    """`write_prob`: made-up insights trained as targets too; `reword_prob`: other wordings than the verifier's (a
+    requirement keeps its wording in its repeats); none states a hidden (tool, item) pair in any wording. (With both
+    0 the draws are round one's: the shipped craft base policies' keys hash the world's demonstrations,
+    test_replication.py.)"""
+    draw = demonstrations("forge", statement_prob=0.1, write_prob=0.5, reword_prob=0.5)
+    rng = np.random.default_rng(1)
+    counts, wordings = collections.Counter(), collections.Counter()
+    for _ in range(2000):
+        task, insights, code, targets = draw(rng)
+        pairs = {}
+        for text, _ in insights:
+            item, verb, before, wording = _parse(text)
+            assert forge.tool_for(before) != item  # never a hidden rule
+            assert pairs.setdefault((item, before), wording) == wording
+            wordings[wording] += 1
+        stated = bool(insights) and all(_parse(t)[1] == "craft" for t, _ in insights)
+        counts["insights"] += bool(insights) and not stated
+        counts["written"] += targets and not stated
+        counts["stated"] += stated
+        assert targets or not stated
+    assert set(wordings) == set(range(len(crafting.WORDINGS)))
+    assert 0.4 < wordings[0] / sum(wordings.values()) < 0.6  # half reworded, into five others
+    assert 0.4 < counts["written"] / counts["insights"] < 0.6 and 100 < counts["stated"] < 300
+    assert forge.WORLD.phrase("shears", "wool") == rule_insight(crafting.report([forge.requirement("shears", "wool")]))
 
 
 def test_uninformative_insights_name_no_tool_nor_gated_item_and_have_the_length_of_real_ones(splits):

@@ -196,23 +196,20 @@ def made_up_requirements(
     )
 
 
-def demonstration(
-    rng: np.random.Generator, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
-) -> Demonstration:
+def demonstration(rng: np.random.Generator, **options: Any) -> Demonstration:
     """A random pretraining example (module docstring; `crafting.demonstration`): any target, a random inventory,
     and with probability `insight_prob` one or two made-up requirements shown as up to `max_insights` insight
     messages (repeats included, as a run's consecutive failures write them) that the plan obeys: each required item
     is obtained right before the gather that needs it. With probability `statement_prob` (drawn first) the insights
     instead state one or two true public rules of the public plan (`statements=True`), which pretraining can train
-    as targets."""
+    as targets. `options`: `crafting.demonstration`'s (insight_prob, max_insights, statement_prob, write_prob,
+    reword_prob)."""
     return crafting.demonstration(
         WORLD,
         rng,
         made_up=made_up_requirements,
         extras=ITEMS,
-        insight_prob=insight_prob,
-        max_insights=max_insights,
-        statement_prob=statement_prob,
+        **options,
     )
 
 

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,20 @@ def goal_text(target: str, inventory: Sequence[str]) -> str:
 def insight_text(req: str) -> str:
     """A requirement as the rule-based insight writer phrases it (`agent.rule_insight.rule_insight`)."""
     return f"Make sure that {req}."
+
+
+#: The ways a pretraining demonstration may phrase a requirement ("{item}" before "{action}"): the first is the
+#: verifier's and the rule-based insight writer's (`insight_text(World.requirement(...))`); pretraining with
+#: `reword_prob` > 0 writes a share of its insights and statements in the others, so that insights are sentences the
+#: policy reads and writes in more than one form, not one template.
+WORDINGS = (
+    'Make sure that you have "{item}" before {action}.',
+    'Get "{item}" before you {action}.',
+    '{action} needs "{item}" in the inventory.',
+    'Have "{item}" ready before {action}.',
+    'Never {action} without "{item}".',
+    'Before {action}, obtain "{item}".',
+)
 
 
 def hashed_rng(key: str) -> np.random.Generator:
@@ -86,12 +101,20 @@ class PlanError(ValueError):
 class Demonstration:
     """One pretraining example: a task, the insights in its context (oldest first, with the attempt numbers
     they name), and the plan that obeys them under the public rules. `statements`: the insights state true public
-    rules of this plan (the declarative-pretraining experiment), so they are predictable from the task."""
+    rules of this plan (the declarative-pretraining experiment), so they are predictable from the task. `written`:
+    the (made-up) insights are to be trained as targets too, as the policy's own writing (`write_prob`)."""
 
     task: Task
     insights: tuple[tuple[str, int], ...]
     plan: tuple[str, ...]
     statements: bool = False
+    # (out of the repr: `fingerprint` hashes reprs, and the demonstrations of the defaults must keep their hash)
+    written: bool = dataclasses.field(default=False, repr=False)
+
+    @property
+    def targets(self) -> bool:
+        """Whether pretraining trains the insight sentences too (statements, or written insights)."""
+        return self.statements or self.written
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,6 +151,11 @@ class World:
         if item not in self.items:
             raise ValueError(f"unknown item {item!r}")
         return f'{"gather" if item in self.raw else "craft"}("{item}")'
+
+    def phrase(self, item: str, before: str, wording: int = 0) -> str:
+        """The requirement (`item` held before obtaining `before`) as a sentence in `WORDINGS[wording]` (0: the
+        insight writer's, `insight_text(self.requirement(item, before))`)."""
+        return WORDINGS[wording].format(item=item, action=self.action(before))
 
     def requirement(self, item: str, before: str) -> str:
         """A requirement in the verifier's words (and, after "Make sure that", the insight's):
@@ -396,13 +424,20 @@ def demonstration(
     insight_prob: float = 0.6,
     max_insights: int = 4,
     statement_prob: float = 0.0,
+    write_prob: float = 0.0,
+    reword_prob: float = 0.0,
 ) -> Demonstration:
     """A random pretraining example: any recipe as target, a random inventory (`World.draw_inventory` with
     `extras`), and with probability `insight_prob` one or two requirements from `made_up` (the world's
     `made_up_requirements`) shown as up to `max_insights` insight messages (repeats included, as a run's
     consecutive failures write them) that the plan obeys: each required item is obtained right before the gather
     that needs it. With probability `statement_prob` (drawn first) the insights instead state one or two true public
-    rules of the public plan (`statements=True`), which pretraining can train as targets."""
+    rules of the public plan (`statements=True`), which pretraining can train as targets. With probability
+    `write_prob`, made-up insights are trained as targets too (`written=True`: the policy learns to write insights,
+    given the task, as L_SFT will ask; their content is made up, so what it learns is their form). Each distinct
+    requirement is phrased in another of `WORDINGS` than the verifier's with probability `reword_prob` (its repeats
+    keep its wording). Draws nothing extra when `write_prob` and `reword_prob` are 0 (the demonstrations, and so
+    the world fingerprint, of round one's recipe are unchanged)."""
     target = str(rng.choice(list(world.recipes)))
     inventory = world.draw_inventory(target, rng, extras)
     requirements: list[tuple[str, str]] = []
@@ -413,30 +448,36 @@ def demonstration(
         statements = bool(requirements)
     elif rng.random() < insight_prob:
         requirements = made_up(target, inventory, rng, int(rng.integers(1, 3)))
+    written = bool(requirements) and not statements and bool(write_prob) and rng.random() < write_prob
     if requirements:  # (a plan that gathers nothing has nothing to require)
+        wordings = {r: _wording(rng, reword_prob) for r in requirements}
         count = int(rng.integers(len(requirements), max(len(requirements), max_insights) + 1))
         shown = [requirements[k % len(requirements)] for k in range(count)]
         rng.shuffle(shown)
         numbers = np.sort(rng.choice(np.arange(1, 9), size=count, replace=False))
-        insights = [(insight_text(world.requirement(i, b)), int(n)) for (i, b), n in zip(shown, numbers, strict=True)]
+        insights = [(world.phrase(i, b, wordings[i, b]), int(n)) for (i, b), n in zip(shown, numbers, strict=True)]
     items = world.plan(target, inventory, [] if statements else requirements)
-    return Demonstration(world.task(target, inventory, "pretrain"), tuple(insights), tuple(items), statements)
+    return Demonstration(world.task(target, inventory, "pretrain"), tuple(insights), tuple(items), statements, written)
+
+
+def _wording(rng: np.random.Generator, reword_prob: float) -> int:
+    """0 (the verifier's wording), or with probability `reword_prob` one of the others, uniformly."""
+    if reword_prob and rng.random() < reword_prob:
+        return int(rng.integers(1, len(WORDINGS)))
+    return 0
 
 
 def pretrain_examples(
     world: World, demonstration: Callable[..., Demonstration]
 ) -> Callable[..., Callable[[np.random.Generator], PretrainExample]]:
-    """The EnvSpec's `demonstrations`: (insight_prob, max_insights, statement_prob) -> rng -> (task, insights, the
-    plan's code, statements), drawn by the world's `demonstration`."""
+    """The EnvSpec's `demonstrations`: options (insight_prob, max_insights, statement_prob, write_prob, reword_prob:
+    `demonstration`'s) -> rng -> (task, insights, the plan's code, whether the insights are targets too), drawn by
+    the world's `demonstration`."""
 
-    def demonstrations(
-        *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
-    ) -> Callable[[np.random.Generator], PretrainExample]:
+    def demonstrations(**options: Any) -> Callable[[np.random.Generator], PretrainExample]:
         def draw(rng: np.random.Generator) -> PretrainExample:
-            demo = demonstration(
-                rng, insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob
-            )
-            return demo.task, demo.insights, world.plan_code(demo.plan), demo.statements
+            demo = demonstration(rng, **options)
+            return demo.task, demo.insights, world.plan_code(demo.plan), demo.targets
 
         return draw
 

@@ -62,7 +62,9 @@ obeyed by the plan (`you have "X" before gather("Y")`: X a cheap ungated item or
 gathers). A tool X is only required in a demonstration whose plan gathers no item of X's kind, and inventories never
 hold a tool, so no demonstration gathers a gated item while holding its kind's tool: no demonstration plan meets a
 hidden rule, by design or by chance (`chance_fixes`; tests/test_forge.py checks thousands). With `statement_prob`,
-some demonstrations state true public rules of their plan instead (about crafts, never gathers).
+some demonstrations state true public rules of their plan instead (about crafts, never gathers); with `write_prob`,
+some made-up insights are trained as the policy's own output (it learns to write insights, never a hidden rule);
+with `reword_prob`, a share of the sentences is phrased in other wordings than the verifier's (`crafting.WORDINGS`).
 
 **Controls.** `uninformative_insight` gives a sentence of the same form and token length as a real insight that
 names neither a tool nor a gated item (`you have "plank" before gather("sand")`). `classify_fix` is the probe for
@@ -513,21 +515,19 @@ def made_up_requirements(
 _DEMO_EXTRAS = tuple(i for i in ITEMS if i not in TOOLS)
 
 
-def demonstration(
-    rng: np.random.Generator, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
-) -> Demonstration:
+def demonstration(rng: np.random.Generator, **options: Any) -> Demonstration:
     """A random pretraining example (`crafting.demonstration` on this world): any recipe as target (held-out ones
     included), a random inventory without tools, and with probability `insight_prob` one or two made-up requirements
     shown as up to `max_insights` insight messages that the plan obeys; with probability `statement_prob` (drawn
-    first) the insights instead state true public rules of the plan (`statements=True`)."""
+    first) the insights instead state true public rules of the plan (`statements=True`); `options` are
+    `crafting.demonstration`'s (insight_prob, max_insights, statement_prob, write_prob, reword_prob). Every wording
+    of a made-up requirement names the same (item, raw) pair, so none is a hidden rule."""
     demo = crafting.demonstration(
         WORLD,
         rng,
         made_up=made_up_requirements,
         extras=_DEMO_EXTRAS,
-        insight_prob=insight_prob,
-        max_insights=max_insights,
-        statement_prob=statement_prob,
+        **options,
     )
     target, inventory = demo.task.spec["target"], demo.task.spec["inventory"]
     if chance_fixes(demo.plan, inventory):  # (impossible by construction; a hidden rule must never reach pretraining)

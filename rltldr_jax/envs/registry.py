@@ -41,7 +41,13 @@ def make_env(name: str, *, step_timeout_s: float = 30.0, memory_limit_mb: int = 
 
 
 def demonstrations(
-    name: str, *, insight_prob: float = 0.6, max_insights: int = 4, statement_prob: float = 0.0
+    name: str,
+    *,
+    insight_prob: float = 0.6,
+    max_insights: int = 4,
+    statement_prob: float = 0.0,
+    write_prob: float = 0.0,
+    reword_prob: float = 0.0,
 ) -> Callable[[np.random.Generator], PretrainExample]:
     """The pretraining source of environment `name`: rng -> (task, insights in context as (text, number of the
     failed attempt it names), the demonstrated action text, whether the insights are targets too).
@@ -49,7 +55,10 @@ def demonstrations(
     Only the small-scale replication's worlds (craft, forge) have one (`pretrain.steps > 0` needs it).
     `insight_prob` is the share of demonstrations with insights to act on, at most `max_insights` of them;
     `statement_prob` the share whose insights state true public rules, to be learnt as targets (the
-    declarative-pretraining experiment).
+    declarative-pretraining experiment); `write_prob` the share of those with (made-up) insights whose insights are
+    learnt as targets too (the policy writes insights); `reword_prob` the share of sentences phrased in another
+    wording than the verifier's. A source is only asked for the options set away from their defaults (a world
+    added without `write_prob` still serves the defaults).
     """
     spec = get_spec(name)
     if spec.demonstrations is None:
@@ -57,7 +66,9 @@ def demonstrations(
             f"environment {name!r} has no pretraining demonstrations; pretrain.steps > 0 needs a world "
             "that has them: env.name='craft' or 'forge'"
         )
-    return spec.demonstrations(insight_prob=insight_prob, max_insights=max_insights, statement_prob=statement_prob)
+    options = {"insight_prob": insight_prob, "max_insights": max_insights, "statement_prob": statement_prob}
+    options |= {k: v for k, v in (("write_prob", write_prob), ("reword_prob", reword_prob)) if v}
+    return spec.demonstrations(**options)
 
 
 def world_fingerprint(name: str) -> str:

@@ -68,7 +68,8 @@ class EnvSpec:
         environment's format; then `agent.rule_insight.rule_insight` falls back to the report's first informative line.
         None: always the fallback.
       demonstrations: optional pretraining source (`pretrain.steps > 0`), called with `insight_prob`,
-        `max_insights` and `statement_prob` (see `registry.demonstrations`); returns rng -> `PretrainExample`.
+        `max_insights` and `statement_prob`, and `write_prob` and `reword_prob` when set (see
+        `registry.demonstrations`); returns rng -> `PretrainExample`.
       uninformative_insight: optional control insight (`insight.source="uninformative"`, not in the paper):
         (real insight, task, seed) -> a sentence of the same form and token length that says nothing about the
         failure.

@@ -43,7 +43,7 @@ from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
-from rltldr_jax.settings import Settings, as_dict, build, replace
+from rltldr_jax.settings import Pretrain, Settings, as_dict, build, replace
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
 from rltldr_jax.train.batching import pack
@@ -62,13 +62,23 @@ PAD_MULTIPLE = 64
 LENGTH_BUCKETS = 4
 
 
+#: Pretrain settings added after base policies shipped: they enter `pretrain_key` only when set away from their
+#: defaults (which reproduce the earlier recipe), so the shipped base policies keep their keys.
+LATER_KEYS = ("write_prob", "reword_prob")
+
+
 def pretrain_key(config: Settings) -> str:
-    """A hash of everything the pretrained checkpoint depends on: the pretrain settings (cache_dir excluded), the
-    architecture, dtypes, environment (and the source of its world: `registry.world_fingerprint`), insight cap,
-    seed and the recipe version."""
+    """A hash of everything the pretrained checkpoint depends on: the pretrain settings (cache_dir excluded;
+    `LATER_KEYS` only when not default), the architecture, dtypes, environment (and the source of its world:
+    `registry.world_fingerprint`), insight cap, seed and the recipe version."""
     p = config.pretrain
+    defaults = as_dict(Pretrain())
     parts = {
-        "pretrain": {k: v for k, v in as_dict(p).items() if k not in ("cache_dir", "shipped")},
+        "pretrain": {
+            k: v
+            for k, v in as_dict(p).items()
+            if k not in ("cache_dir", "shipped") and not (k in LATER_KEYS and v == defaults[k])
+        },
         "preset": config.model.preset,
         "architecture": get_preset(config.model.preset).to_hf_dict(),
         "dtype": [config.model.dtype, config.model.param_dtype],
@@ -120,8 +130,14 @@ def find_pretrained(config: Settings) -> str | None:
 
 def build_tokenizer(config: Settings) -> Tokenizer:
     """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
-    demonstrations (seed 0), plus the chat scaffolding's words."""
-    draw = demonstrations(config.env.name, insight_prob=1.0, max_insights=config.insight.max_insights)
+    demonstrations (seed 0; their insights reworded as pretraining's, `pretrain.reword_prob`), plus the chat
+    scaffolding's words."""
+    draw = demonstrations(
+        config.env.name,
+        insight_prob=1.0,
+        max_insights=config.insight.max_insights,
+        reword_prob=config.pretrain.reword_prob,
+    )
     rng = np.random.default_rng(0)
     texts = ["user\n", "assistant\n", "\n\n"] * 64
     for _ in range(TOKENIZER_CORPUS):
@@ -189,6 +205,8 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
         insight_prob=p.insight_prob,
         max_insights=config.insight.max_insights,
         statement_prob=p.statement_prob,
+        write_prob=p.write_prob,
+        reword_prob=p.reword_prob,
     )
     rng = np.random.default_rng([config.seed, 1])
     curve: list[tuple[int, float]] = []
