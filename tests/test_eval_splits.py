@@ -79,3 +79,25 @@ def test_evaluate_all_runs_every_evaluation_of_a_run(tiny_policy, builder):
     metrics = evaluate_all(engine, builder, config, make_env=lambda: make_env("sapi"))
     assert {k.split("/")[0] for k in metrics} == {"eval", "eval_train", "eval_eval"}
     assert [metrics[f"{p}/counts/tasks"] for p in ("eval", "eval_train", "eval_eval")] == [1, 1, 2]
+
+
+def test_a_set_equal_to_the_held_out_one_is_not_evaluated_twice(tiny_policy, builder, monkeypatch):
+    """A set of the held-out set's tasks (env.eval_split listed in eval.splits with all its tasks in both, as the
+    second replication round's tier 2): one evaluation, logged under both prefixes; another set is evaluated."""
+    from rltldr_jax.agent.eval_set import eval_tasks
+    from rltldr_jax.envs import load_tasks, make_env
+    from rltldr_jax.train import evaluation
+
+    _, engine = tiny_policy
+    ran, real = [], evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: ran.append(k.get("prefix", "eval")) or real(*a, **k))
+    config = tiny_run_settings("/unused", 1)
+    held_out = eval_tasks(config)
+    other = [t for t in load_tasks("sapi", "eval") if t.task_id != held_out[0].task_id][:1]
+    metrics = evaluation.evaluate_all(
+        engine, builder, config, make_env=lambda: make_env("sapi"), sets={"same": held_out[::-1], "other": other}
+    )
+    assert ran == ["eval", "eval_other"]
+    same = {k.removeprefix("eval_same/"): v for k, v in metrics.items() if k.startswith("eval_same/")}
+    assert same == {k.removeprefix("eval/"): v for k, v in metrics.items() if k.startswith("eval/")} and same
+    assert metrics["eval_other/counts/tasks"] == len(other) == 1

@@ -4,16 +4,19 @@
     python launch/replicate.py --config=configs/replicate.py                    # the full grid, 3 seeds (hours)
     python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
     python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
+    python launch/replicate.py --config=configs/replicate_v2.py                 # the second round's grid
 
 Per seed: pretrain the policy from scratch (cached in `runs/pretrained` by a hash of its settings, so presets
 and grids with the same pretraining settings share it), check the
 base policy before RL (paper App. B: i.i.d. Pass@64 on the hard training tasks must be 0; insight-conditioned
 success; the Fig. 11 curves), then train every arm (configs/replicate.py `ARMS`) as an ordinary `Trainer` run in
-`{out}/runs/{arm}-s{seed}`. Runs are resumable: a finished run is skipped, a stopped one continues from its last
+`{out}/runs/{arm}-s{seed}`; a preset's seeds may differ by arm (`GRIDS`: the second round runs 20 seeds of some arms,
+3 of others). Runs are resumable: a finished run is skipped, a stopped one continues from its last
 checkpoint, so rerunning the command only does what is missing. A finished run trained with other settings (a
 changed `--config.KEY`, another base policy) is never reused: the command refuses, naming the runs and the keys
 that differ; `--restart` redoes those runs (each old one moved to `{workdir}.old-<time>`). `sftldr` trains offline
-on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing). Every run compiles
+on the saved rollouts of the same seed's `rltldr` run (which is added to the grid if missing; as are the other offline
+arms, `sft_rollouts`). Every run compiles
 into and reads from one compilation cache (`compile.cache_dir`, by default the user's ~/.cache/rltldr_jax/xla, shared
 with every launcher), so the arms of a grid and its reruns compile each program once.
 
@@ -23,7 +26,8 @@ CPU core, at most 4; 1 for the gpu preset); a run's results do not depend on it.
 launcher is making is waited for (one line says so), never made twice, and each launcher writes the report from
 every finished run in `--out`, so the last one to finish leaves the complete table.
 
-Writes to `--out` (default `runs/replicate`, `runs/replicate-{preset}` for the other presets):
+Writes to `--out` (default `runs/{name}` for the config file configs/{name}.py, `runs/{name}-{preset}` for the other
+presets):
 results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
 replication's numbers, and the base checks), curves.png (no-insight Pass@1 against environment steps, held-in and
 held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
@@ -35,6 +39,8 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -51,8 +57,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 _ARMS = flags.DEFINE_string(
     "arms", None, "Comma-separated arms (default: the preset's; configs/replicate.py ARMS lists them)."
 )
-_SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds (default: the preset's).")
-_OUT = define_path("out", None, "Output directory (default runs/replicate, or runs/replicate-{preset}).")
+_SEEDS = flags.DEFINE_string(
+    "seeds", None, "Comma-separated seeds for every arm (default: the preset's, which may differ by arm)."
+)
+_OUT = define_path(
+    "out", None, "Output directory (default runs/{config file's name}, or runs/{config file's name}-{preset})."
+)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print every run's per-phase and evaluation lines.")
 _JOBS = flags.DEFINE_integer(
     "jobs",
@@ -89,6 +99,31 @@ def _csv(value: str | None, what: str, cast=str) -> list:
         sys.exit(f"error: --{what}={value!r}: give a comma-separated list, e.g. --{what}=0,1,2")
 
 
+def grid_configs(
+    grid: Any, preset: str, arms: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any]
+) -> dict[tuple[str, int], Any]:
+    """(arm, seed) -> resolved config of a grid module's `preset`: `arms` on `seeds` (every arm), or without `seeds`
+    on the preset's (`GRIDS[preset][1]`: one tuple for every arm, or arm -> seeds; an arm it does not list gets its
+    longest list); plus the `rltldr` run of every seed an offline arm (mode sft) reads the rollouts of."""
+    default_seeds = grid.GRIDS[preset][1]
+
+    def seeds_of(arm: str) -> list[int]:
+        if seeds:
+            return list(seeds)
+        if isinstance(default_seeds, Mapping):
+            return list(default_seeds.get(arm) or max(default_seeds.values(), key=len))
+        return list(default_seeds)
+
+    configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for arm in arms for seed in seeds_of(arm)}
+    offline = {seed for (arm, seed), c in configs.items() if c.mode == "sft"}
+    configs |= {
+        ("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides)
+        for seed in sorted(offline)
+        if ("rltldr", seed) not in configs
+    }
+    return configs
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --arms=grpo,rltldr")
@@ -97,22 +132,20 @@ def main(argv: list[str]) -> None:
     preset = preset or "default"
     if preset not in grid.GRIDS:
         sys.exit(f"error: unknown preset {preset!r}; choose one of {', '.join(grid.GRIDS)}")
-    default_arms, default_seeds = grid.GRIDS[preset]
+    default_arms = grid.GRIDS[preset][0]
     arms = _csv(_ARMS.value, "arms") or list(default_arms)
-    seeds = _csv(_SEEDS.value, "seeds", int) or list(default_seeds)
+    seeds = _csv(_SEEDS.value, "seeds", int)
     unknown = [a for a in arms if a not in grid.ARMS]
     if unknown:
         sys.exit(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(grid.ARMS)}")
-    out = _OUT.value or os.path.abspath(
-        os.path.join("runs", "replicate" if preset == "default" else f"replicate-{preset}")
-    )
+
+    stem = os.path.splitext(os.path.basename(filename))[0]  # replicate, replicate_v2: one directory per round
+    out = _OUT.value or os.path.abspath(os.path.join("runs", stem if preset == "default" else f"{stem}-{preset}"))
     overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
     # Pretrained policies are cached in runs/pretrained (pretrain.cache_dir), shared by every grid: the quick
     # preset's is the full grid's seed 0.
     try:
-        configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for seed in seeds for arm in arms}
-        if any(c.mode == "sft" for c in configs.values()) and "rltldr" not in arms:  # offline arms read its rollouts
-            configs |= {("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides) for seed in seeds}
+        configs = grid_configs(grid, preset, arms, seeds, overrides)
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
     quiet_logging()
@@ -135,6 +168,7 @@ def main(argv: list[str]) -> None:
             title=f"Small-scale replication ({preset})",
             checks=getattr(grid, "CHECKS", {}).get(preset),
             order=list(grid.ARMS),
+            analysis=getattr(grid, "analysis", None),
             restart=_RESTART.value,
             jobs=jobs,
             progress=interactive,

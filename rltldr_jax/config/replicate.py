@@ -29,7 +29,7 @@ to the overrides that define it (an ablation of rltldr_jax/config/ablations.py w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rltldr_jax.config import ablations, base
@@ -179,27 +179,27 @@ def _gpu(c) -> None:
     )
 
 
+#: The smoke preset's budgets (tiny: for the tests), also the second round's smoke preset's.
+SMOKE_SIZES = {
+    "model.preset": "replicate_xs",
+    "pretrain.steps": 4,
+    "pretrain.batch_size": 4,
+    "rollout.tasks_per_phase": 2,
+    "rollout.group_size": 2,
+    "train.env_step_budget": 4,
+    "eval.every": 0,
+    "eval.num_tasks": 2,
+    "eval.train_num_tasks": 2,
+    "eval.attempts_per_task": 1,
+    "sft.epochs": 1,
+    "batch.micro_batch_size": 4,
+    "engine.max_batch": 8,
+}
+
+
 def _smoke(c) -> None:
     _default(c)
-    base.override(
-        c,
-        {
-            "name": "replicate-smoke",
-            "model.preset": "replicate_xs",
-            "pretrain.steps": 4,
-            "pretrain.batch_size": 4,
-            "rollout.tasks_per_phase": 2,
-            "rollout.group_size": 2,
-            "train.env_step_budget": 4,
-            "eval.every": 0,
-            "eval.num_tasks": 2,
-            "eval.train_num_tasks": 2,
-            "eval.attempts_per_task": 1,
-            "sft.epochs": 1,
-            "batch.micro_batch_size": 4,
-            "engine.max_batch": 8,
-        },
-    )
+    base.override(c, {"name": "replicate-smoke", **SMOKE_SIZES})
 
 
 PRESETS = {"default": _default, "quick": _quick, "gpu": _gpu, "smoke": _smoke}
@@ -213,10 +213,23 @@ def get_config(preset: str | None = None):
 def arm_config(preset: str | None, arm: str, seed: int, overrides: Mapping[str, Any] | None = None):
     """The resolved config of one run of the grid: the preset, then the arm (its ablation and overrides), then
     `seed` and `name`, then `overrides` (e.g. the command line's), validated, paths made absolute."""
-    if arm not in ARMS:
-        raise base.ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+    return resolve_arm(get_config, ARMS, preset, arm, seed, overrides)
+
+
+def resolve_arm(
+    get_config: Callable[[str | None], Any],
+    arms: Mapping[str, tuple[str | None, Mapping[str, Any]]],
+    preset: str | None,
+    arm: str,
+    seed: int,
+    overrides: Mapping[str, Any] | None = None,
+):
+    """`arm_config` of a replication module: `get_config(preset)`, then `arms[arm]` (an ablation of
+    rltldr_jax/config/ablations.py or None, and overrides), then `seed` and `name`, then `overrides`, resolved."""
+    if arm not in arms:
+        raise base.ConfigError(f"unknown arm {arm!r}; choose from {', '.join(arms)}")
     c = get_config(preset)
-    ablation, extra = ARMS[arm]
+    ablation, extra = arms[arm]
     if ablation:
         ablations.apply(c, ablation)
     base.override(c, {**extra, "seed": seed, "name": arm, **dict(overrides or {})})

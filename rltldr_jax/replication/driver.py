@@ -54,7 +54,7 @@ from rltldr_jax.replication.grid import (
     stale_message,
     stale_reason,
 )
-from rltldr_jax.replication.report import best_train_pass1, replaced, write_results
+from rltldr_jax.replication.report import Analysis, best_train_pass1, replaced, write_results
 from rltldr_jax.settings import Settings, replace
 from rltldr_jax.train.pretrain import find_pretrained, pretrain, pretrained_dir
 from rltldr_jax.train.resume import LOCK, WorkdirInUseError, lock_workdir
@@ -458,6 +458,7 @@ def write_report(
     order: Sequence[str] = (),
     title: str = "",
     n_tasks: int | None = None,
+    analysis: Analysis | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
     """results.csv, results.md, curves.png and insight_curves.png from every finished run and base check in `out`
@@ -470,7 +471,7 @@ def write_report(
             echo(f"no finished run in {out} yet: no report written")
             return []
         base, curves, saved_n = saved_checks(out)
-        paths = write_results(summaries, base, out, title=title)
+        paths = write_results(summaries, base, out, title=title, analysis=analysis)
         n = saved_n or n_tasks or inspect.signature(base_checks).parameters["num_tasks"].default
         paths.append(
             replaced(os.path.join(out, "insight_curves.png"), lambda p: plot_curves(mean_curves(curves, n), p))
@@ -488,11 +489,13 @@ def run_replication(
     restart: bool = False,
     jobs: int = 1,
     progress: bool = False,
+    analysis: Analysis | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
     """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report of every finished
     run there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks);
-    `order` is the arms' order in the report (default: `configs`' order). Every step is cached or resumable, so a
+    `order` is the arms' order in the report (default: `configs`' order); `analysis` a pre-registered analysis
+    section of results.md (`report.write_results`). Every step is cached or resumable, so a
     second call only does what is missing; other launchers may share `out` (module docstring). `jobs` pieces (a
     seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
     results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x
@@ -605,7 +608,7 @@ def run_replication(
         if bar is not None:
             bar.close()
     order = list(order) or list(dict.fromkeys(arm for arm, _ in configs))
-    paths = write_report(out, order=order, title=title, n_tasks=sizes.get("num_tasks"), echo=echo)
+    paths = write_report(out, order=order, title=title, n_tasks=sizes.get("num_tasks"), analysis=analysis, echo=echo)
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
     if failed:
         raise GridError(

@@ -123,6 +123,9 @@ def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Map
     return "\n".join(lines)
 
 
+#: A grid's pre-registered analysis: (arm -> seed -> results.csv column -> value, seed -> base checks) -> markdown.
+Analysis = Callable[[Mapping[str, Mapping[int, Mapping[str, float]]], Mapping[int, Mapping[str, float]]], str]
+
 #: The three measures of an evaluation set in results.csv (replication/measures.py): column suffix -> measure.
 SPLIT_MEASURES = {"": "final", "_selected": "selected", "_auc": "auc"}
 
@@ -252,8 +255,11 @@ def write_results(
     *,
     title: str = "",
     notes: str = "",
+    analysis: Analysis | None = None,
 ) -> list[str]:
-    """results.csv, results.md and curves.png in `out`; returns their paths."""
+    """results.csv, results.md and curves.png in `out`; returns their paths. `analysis` (a grid's pre-registered
+    analysis: the results as arm -> seed -> column -> value, and the base checks -> a markdown section) adds its
+    section to results.md."""
     summaries = [{**s, "train_pass1_no_insight_best": best_train_pass1(s)} for s in summaries]
     splits = split_names_of(summaries)  # (none for round one's world: its columns stay as they were)
     columns = [*COLUMNS, *split_columns(splits)]
@@ -268,6 +274,13 @@ def write_results(
         md += ["## Evaluation sets: no-insight Pass@1 (%)", "", splits_table(summaries, splits), ""]
     if base:
         md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
+    if analysis is not None:
+        table: dict[str, dict[int, dict[str, float]]] = {}
+        for row in rows:
+            values = dict(zip(columns, row, strict=True))
+            numbers = {k: v for k, v in values.items() if isinstance(v, int | float) and k not in ("arm", "seed")}
+            table.setdefault(values["arm"], {})[int(values["seed"])] = numbers
+        md += [analysis(table, base), ""]
     if notes:
         md += [notes, ""]
 

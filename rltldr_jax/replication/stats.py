@@ -58,6 +58,15 @@ def paired_bootstrap(
     return Interval(float(d.mean()), float(low), float(high), level, len(d), True)
 
 
+def mean_bootstrap(values: Sequence[float], *, level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> Interval:
+    """The mean of one arm's finite values over seeds with its percentile-bootstrap interval (`diff` is the mean,
+    `paired` False). Fewer than 2 values: NaN bounds."""
+    v = _finite(values)
+    zero = dict.fromkeys(range(len(v)), 0.0)
+    interval = paired_bootstrap(dict(enumerate(v.tolist())), zero, level=level, resamples=resamples, seed=seed)
+    return dataclasses.replace(interval, paired=False)
+
+
 def unpaired_bootstrap(
     a: Sequence[float], b: Sequence[float], *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
 ) -> Interval:
@@ -116,6 +125,24 @@ class Tost:
     @property
     def p(self) -> float:
         return max(self.p_lower, self.p_upper)
+
+
+def paired_tost(a: Mapping[int, float], b: Mapping[int, float], *, margin: float) -> Tost:
+    """TOST on the paired differences a[s] - b[s] over the seeds both have (finite values): two one-sided one-sample
+    t-tests of the mean difference against -margin and +margin (n - 1 degrees of freedom; NaN p-values with fewer
+    than 2 pairs or no variance)."""
+    if margin <= 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    seeds = sorted(s for s in a.keys() & b.keys() if math.isfinite(a[s]) and math.isfinite(b[s]))
+    d = np.asarray([a[s] - b[s] for s in seeds], dtype=np.float64)
+    diff = float(d.mean()) if len(d) else math.nan
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else math.nan
+    if not (math.isfinite(se) and se > 0):
+        return Tost(diff, margin, math.nan, math.nan)
+    df = len(d) - 1
+    p_lower = float(sps.t.sf((diff + margin) / se, df))  # H0: diff <= -margin
+    p_upper = float(sps.t.cdf((diff - margin) / se, df))  # H0: diff >= +margin
+    return Tost(diff, margin, p_lower, p_upper)
 
 
 def tost(a: Sequence[float], b: Sequence[float], *, margin: float) -> Tost:

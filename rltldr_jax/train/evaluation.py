@@ -86,12 +86,19 @@ def evaluate_all(
 ) -> dict[str, float]:
     """Every evaluation of a run, each with `evaluate`: the held-out tasks (`eval/`), `eval.train_num_tasks` training
     tasks (`eval_train/`, when > 0) and every set of `eval.splits` (`eval_<split>/`; `sets`: those sets already
-    loaded, `split_eval_tasks(config)`)."""
+    loaded, `split_eval_tasks(config)`). A set of the same tasks as the held-out one (env.eval_split listed in
+    eval.splits, all its tasks in both) is not evaluated twice: its metrics are the held-out evaluation's."""
     run = functools.partial(evaluate, engine, builder, config, make_env=make_env, tag=tag, progress=progress)
-    metrics = run()[0]
+    held_out = eval_tasks(config)
+    metrics = run(tasks=held_out)[0]
     if config.eval.train_num_tasks:  # held-in: training tasks, evaluated the same way
         metrics |= run(tasks=eval_tasks(config, on_train_split=True), prefix="eval_train")[0]
     for split, tasks in (split_eval_tasks(config) if sets is None else sets).items():
+        if {t.task_id for t in tasks} == {t.task_id for t in held_out}:  # the held-out set itself: not run twice
+            metrics |= {
+                f"eval_{split}/{k.removeprefix('eval/')}": v for k, v in metrics.items() if k.startswith("eval/")
+            }
+            continue
         metrics |= run(tasks=tasks, prefix=f"eval_{split}")[0]  # the same fixed sets for every run seed
     return metrics
 

@@ -1,0 +1,186 @@
+"""The second round of the small-scale replication: the forge world (hidden rules over public kinds of items, four
+evaluation tiers), controls that can fail, stable optimisation and a base policy that writes insights.
+
+    python launch/replicate.py --config=configs/replicate_v2.py              # the pre-registered grid
+    python launch/replicate.py --config=configs/replicate_v2.py:pilot        # pilots (seeds >= 100, valid only)
+    python launch/train.py --config=configs/replicate_v2.py --ablation=grpo  # one arm as an ordinary run
+
+What round one could not answer, and what this round changes (the design and its reasons; the pre-registration,
+docs/replication/v2/preregistration.md, fixes the numbers reported):
+- **A world whose splits test rules** (`envs/forge.py`): a gather of an item of a ruled kind needs that kind's
+  tool; gated items occur in many recipes at varied lines of the plan; tier 1 = held-in tasks, tier 2 = held-out
+  targets, tier 3 = held-out gated items of trained kinds (rule generalisation), tier 4 = a wholly held-out kind
+  (a negative control, expected ~0); `valid` = held-in tasks for choosing a checkpoint (never a held-out tier).
+- **Evaluation that measures**: fixed sets, the same for every seed (`eval.splits`, ordered by `env.seed`), every 5
+  phases, no insights; the final value, the value at the evaluation chosen on `valid` and the area under the curve
+  (`replication/measures.py`).
+- **Controls that can fail**: `strict_control` (insights of the same form and length that name neither a tool nor a
+  gated item), `shuffled_control` (real hidden rules of other kinds), GRPO with K = 64 and at a higher temperature,
+  SFT on successful rollouts, SFTL;DR.
+- **Stable optimisation**: a KL-to-reference term (`loss.terms` += kl) and a learning rate that starts near where
+  pretraining ended and decays (cosine), chosen on pilots (seeds >= 100) on `valid`.
+- **A base policy that writes insights**: pretraining trains half of its made-up insights as targets
+  (`pretrain.write_prob`) and phrases a share of its sentences in other wordings (`pretrain.reword_prob`), so L_SFT
+  starts from a policy for which insight tokens are a learnt output.
+- λ = 0.5 for `rltldr`, the paper's (§3.3); `lambda_0` and `lambda_0.03` (round one's default) test it.
+
+Presets: `default` (the grid), `pilot` (the same, seeds >= 100, for choices made before the grid) and `smoke` (tiny
+budgets, for the tests). `GRIDS[preset]` = (arms, seeds), the seeds either one tuple for every arm or arm -> seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rltldr_jax.config import base
+from rltldr_jax.config import replicate as round_one
+
+#: The λ of the `rltldr` arm: the paper's (§3.3).
+DEFAULT_LAMBDA = 0.5
+
+#: Arm name -> (ablation of rltldr_jax/config/ablations.py or None, extra overrides). Applied after the preset.
+#: One name per arm: no two arms share their settings.
+ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "rltldr": (None, {}),
+    # Insights of the form and token length of real ones that name neither a tool nor a gated item.
+    "strict_control": (None, {"insight.source": "uninformative"}),
+    # A real hidden rule of another kind than the task's plans gather: true of the world, not about this failure.
+    "shuffled_control": (None, {"insight.source": "shuffled"}),
+    "lambda_0": ("lambda_0", {}),
+    "lambda_0.03": (None, {"loss.lam": 0.03}),
+    "grpo": ("grpo", {}),
+    # K = 64 attempts of one task per phase: the same attempts per phase and phases as every arm.
+    "grpo_k64": ("grpo", {"rollout.tasks_per_phase": 1, "rollout.group_size": 64}),
+    # Sampling at temperature 1.5; the importance ratio is taken against the tempered sampler's logprobs (an
+    # off-policy correction), so the sampler-vs-trainer logprob check is off.
+    "grpo_hot": ("grpo", {"rollout.temperature": 1.5, "train.max_logprob_gap": 0.0}),
+    # Offline, on the successful rollouts of this seed's `rltldr` run (Table 2's strongest offline baseline).
+    "sft_rollouts": ("sft_rollouts_all", {}),
+    # Offline SFTL;DR (Table 2) on the (task, insight) pairs of this seed's `rltldr` run.
+    "sftldr": ("sftldr", {}),
+}
+
+#: Seeds per arm of the grid: 20 for RLTL;DR and the strict control (the primary comparison), 10 for each λ arm and
+#: the shuffled control, 3 for the arms expected at 0 (GRPO) and the offline baselines.
+GRID_SEEDS: dict[str, tuple[int, ...]] = {
+    "rltldr": tuple(range(20)),
+    "strict_control": tuple(range(20)),
+    "shuffled_control": tuple(range(10)),
+    "lambda_0": tuple(range(10)),
+    "lambda_0.03": tuple(range(10)),
+    "grpo": tuple(range(3)),
+    "grpo_k64": tuple(range(3)),
+    "grpo_hot": tuple(range(3)),
+    "sft_rollouts": tuple(range(3)),
+    "sftldr": tuple(range(3)),
+}
+
+#: preset -> (default arms, seeds: one tuple for every arm, or arm -> seeds).
+GRIDS: dict[str, tuple[tuple[str, ...], tuple[int, ...] | Mapping[str, tuple[int, ...]]]] = {
+    "default": (tuple(ARMS), GRID_SEEDS),
+    # Pilots: seeds >= 100 only (never a seed of the grid), choices made on `valid` alone.
+    "pilot": (("rltldr",), (100,)),
+    # Two arms with their own seeds, one offline arm (reads rltldr's rollouts of its seed).
+    "smoke": (("grpo", "rltldr", "sftldr"), {"grpo": (0,), "rltldr": (0, 1), "sftldr": (1,)}),
+}
+
+#: preset -> runs at once (`--jobs`); 0: one per CPU core, at most 4.
+JOBS: dict[str, int] = {"default": 0, "pilot": 0, "smoke": 0}
+
+#: preset -> sizes of the base policy's checks (replication/checks.py): Pass@64 = 0 is checked on every hard
+#: training task (0 = the whole split).
+CHECKS: dict[str, dict[str, int]] = {
+    "default": {"iid_samples": 64, "num_tasks": 0},
+    "pilot": {"iid_samples": 64, "num_tasks": 48},
+    "smoke": {"iid_samples": 2, "num_tasks": 2},
+}
+
+#: The evaluation sets, no insights, every `eval.every` phases, each logged as eval_<split>/ (tier 2 is also
+#: env.eval_split, eval/: evaluated once, `train.evaluation.evaluate_all`).
+EVAL_SPLITS = "valid,tier1,tier2,tier3,tier4"
+
+
+def _default(c) -> None:
+    round_one.PRESETS["default"](c)  # round one's small-scale settings (model, rollout, batch, engine, budgets)
+    base.override(
+        c,
+        {
+            "name": "replicate-v2",
+            "env.name": "forge",
+            "env.train_split": "train",
+            "env.eval_split": "tier2",
+            "loss.lam": DEFAULT_LAMBDA,
+            "loss.terms": "grpo,insight_sft,writer_sft,kl",
+            "loss.kl_coef": 0.05,
+            # Pretraining ends at 3e-3 * 0.05 = 1.5e-4; RL starts there and decays to a tenth over the run.
+            "optim.learning_rate": 1.5e-4,
+            "optim.end_learning_rate": 1.5e-5,
+            "optim.decay_steps": 500,
+            "eval.every": 5,
+            "eval.num_tasks": 0,
+            "eval.attempts_per_task": 2,
+            "eval.train_num_tasks": 48,
+            "eval.splits": EVAL_SPLITS,
+            "eval.split_tasks": 0,
+            "eval.select_on": "valid",
+            "train.checkpoint_every": 5,
+            "pretrain.steps": 2000,
+            "pretrain.statement_prob": 0.15,
+            "pretrain.write_prob": 0.5,
+            "pretrain.reword_prob": 0.3,
+        },
+    )
+
+
+def _pilot(c) -> None:
+    _default(c)
+    base.override(c, {"name": "replicate-v2-pilot"})
+
+
+def _smoke(c) -> None:
+    _default(c)
+    base.override(
+        c,
+        {
+            "name": "replicate-v2-smoke",
+            **round_one.SMOKE_SIZES,
+            "eval.num_tasks": 2,
+            "eval.split_tasks": 2,
+            "train.checkpoint_every": 1,
+        },
+    )
+
+
+PRESETS = {"default": _default, "pilot": _pilot, "smoke": _smoke}
+
+
+def get_config(preset: str | None = None):
+    """`preset`: default | pilot | smoke."""
+    return base.from_presets(PRESETS, preset, default="default")
+
+
+def arm_config(preset: str | None, arm: str, seed: int, overrides: Mapping[str, Any] | None = None):
+    """The resolved config of one run of the grid: the preset, then the arm (its ablation and overrides), then
+    `seed` and `name`, then `overrides` (e.g. the command line's), validated, paths made absolute."""
+    return round_one.resolve_arm(get_config, ARMS, preset, arm, seed, overrides)
+
+
+def analysis(table, base) -> str:
+    """The pre-registered analysis section of results.md (`replication/preregistered.py`): every number the
+    pre-registration names, then each arm's per-tier means with 95 % intervals (selected, final, area under the
+    curve)."""
+    from rltldr_jax.replication import preregistered as pre
+
+    arms = list(ARMS)
+    parts = [
+        "## Pre-registered analysis (docs/replication/v2/preregistration.md)",
+        "",
+        "Differences in points of no-insight Pass@1, 95 % percentile-bootstrap intervals over seeds (paired by seed).",
+        "",
+        pre.analysis_markdown(pre.analyse(table, base)),
+    ]
+    for measure in ("selected", "final", "auc"):
+        parts += ["", f"### No-insight Pass@1 (%) per tier, {measure}: mean [95 % CI] over seeds", ""]
+        parts.append(pre.arm_table(table, arms, measure))
+    return "\n".join(parts)

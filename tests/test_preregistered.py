@@ -1,0 +1,83 @@
+"""The second replication round's pre-registered analysis on a hand-made table: every decision rule, with numbers
+computed by hand (paired TOST at 2 degrees of freedom has a closed-form t distribution)."""
+
+import math
+
+import pytest
+
+from rltldr_jax.replication.preregistered import analyse, analysis_markdown, arm_table, column, read_results
+from rltldr_jax.replication.stats import mean_bootstrap, paired_tost
+
+
+def _t2_cdf(t: float) -> float:
+    """Student's t CDF at 2 degrees of freedom: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def test_paired_tost_by_hand():
+    a, b = {0: 0.3, 1: 0.4, 2: 0.5, 9: 0.7}, {0: 0.3, 1: 0.35, 2: 0.5}  # seed 9: unpaired, left out
+    t = paired_tost(a, b, margin=0.1)  # d = 0, .05, 0: mean 1/60, sd .05/sqrt(3), se 1/60
+    assert t.diff == pytest.approx(1 / 60)
+    assert t.p_lower == pytest.approx(1 - _t2_cdf(7.0)) and t.p_upper == pytest.approx(_t2_cdf(-5.0))
+    assert t.p == pytest.approx(0.018875, abs=1e-6)
+    assert math.isnan(paired_tost({0: 0.1}, {0: 0.1}, margin=0.1).p)  # one pair: no test
+    with pytest.raises(ValueError, match="margin"):
+        paired_tost(a, b, margin=0)
+
+
+def test_mean_bootstrap_brackets_the_mean():
+    m = mean_bootstrap([0.1, 0.2, 0.3, math.nan])
+    assert m.diff == pytest.approx(0.2) and 0.1 <= m.low < 0.2 < m.high <= 0.3 and m.n == 3 and not m.paired
+
+
+def _table():
+    def rows(arm_values):
+        return {seed: values for seed, values in enumerate(arm_values)}
+
+    sel = lambda tier: column(tier, "selected")  # noqa: E731
+    fin = lambda tier: column(tier, "final")  # noqa: E731
+    return {
+        "rltldr": rows(
+            {sel("tier2"): v2, sel("tier3"): 0.2, sel("tier1"): v1, sel("tier4"): v4, fin("tier2"): 0.1}
+            for v2, v1, v4 in ((0.3, 0.3, 0.0), (0.4, 0.4, 0.0), (0.5, 0.5, 0.01))
+        ),
+        "strict_control": rows({sel("tier2"): v, sel("tier3"): 0.2, fin("tier2"): 0.1} for v in (0.1, 0.1, 0.2)),
+        "lambda_0": rows({sel("tier1"): v} for v in (0.3, 0.35, 0.5)),
+        "grpo": rows({sel("tier1"): 0.0, fin("tier1"): 0.0} for _ in range(3)),
+        "grpo_hot": rows({sel("tier1"): v, fin("tier1"): 0.0} for v in (0.0, 0.0125, 0.0)),
+    }
+
+
+def test_every_decision_rule_on_a_hand_made_table():
+    numbers = {n.what: n for n in analyse(_table(), {0: {"iid_pass@64": 0.0}, 1: {"iid_pass@64": 0.0}})}
+    p2 = numbers["tier2 selected: rltldr − strict_control"]
+    assert (
+        p2.interval.diff == pytest.approx(0.8 / 3)
+        and p2.interval.low == pytest.approx(0.2)
+        and p2.decision == "reproduced"
+    )
+    p3 = numbers["tier3 selected: rltldr − strict_control"]
+    assert p3.interval.diff == 0 and p3.decision == "not reproduced"
+    lam = numbers["tier1 selected: rltldr (λ=0.5) − lambda_0"]
+    assert lam.interval.diff == pytest.approx(1 / 60) and lam.interval.low == 0  # not superior: a 0 difference
+    assert lam.p == pytest.approx(0.018875, abs=1e-6) and lam.decision == "equivalent within ±10 points"
+    assert numbers["grpo: max over seeds of tier1 final/selected (expected 0)"].decision == "holds"
+    assert numbers["grpo_k64: max over seeds of tier1 final/selected (expected 0)"].decision == "no data"
+    hot = numbers["grpo_hot: max over seeds of tier1 final/selected (expected 0)"]
+    assert hot.value == 0.0125 and hot.decision == "fails"
+    tier4 = numbers["rltldr tier4 selected (upper end expected < 5 points)"]
+    assert tier4.interval.diff == pytest.approx(0.01 / 3) and tier4.decision == "holds"
+    assert numbers["base i.i.d. Pass@64 on the hard training tasks, max over 2 seeds (expected 0)"].decision == "holds"
+    assert numbers["tier2 final: rltldr − strict_control"].interval.diff == 0
+    assert math.isnan(numbers["tier2 selected: rltldr − shuffled_control"].interval.diff)  # no such arm: NaN
+    text = analysis_markdown(list(numbers.values()))
+    assert "| primary | tier2 selected: rltldr − strict_control | +26.7 |" in text and "TOST p = 0.019" in text
+    assert "| rltldr | 3 | – | 40.0 [30.0, 50.0] | 40.0 [" in arm_table(_table(), ["rltldr", "nope"])
+
+
+def test_results_csv_round_trip(tmp_path):
+    from rltldr_jax.replication.report import write_csv
+
+    path = str(tmp_path / "results.csv")
+    write_csv(path, ["arm", "seed", column("tier2", "selected"), "workdir"], [["rltldr", 3, 0.25, "runs/x"]])
+    assert read_results(path) == {"rltldr": {3: {column("tier2", "selected"): 0.25}}}
