@@ -361,3 +361,48 @@ def test_the_writer_replaces_the_rule_insight_with_the_control(splits, tokenizer
     config = base.override(base.get_config(), {"env.name": "craft", "insight.source": "shuffled"})
     with pytest.raises(base.ConfigError, match="environment 'craft' has no shuffled control insights"):
         base.validate(config)
+
+
+def test_evaluation_probes_per_rule_and_where_the_fix_is():
+    """Per-rule success for each ruled kind the public plan gathers; the class of every gated gather's fix, and of
+    each held-out gated item's; nothing of a plan that does not parse."""
+    task = forge._task("sword", ["chisel"], "train")  # iron, tin (ore) and ruby (gem); a chisel held throughout
+    probes = forge.evaluation_probes(task, forge.plan_lines(public(task)), True)
+    assert probes == {
+        "rule_gem/pass@1": 1.0,
+        "rule_ore/pass@1": 1.0,
+        "fix/right_tool": pytest.approx(1 / 3),
+        "fix/wrong_tool": pytest.approx(2 / 3),
+        "fix/every_tool": 0.0,
+        "fix/none": 0.0,
+    }
+    coin = forge._task("coin", [], "tier3")  # gold: a held-out gated item of the ore kind
+    plain = forge.evaluation_probes(coin, forge.plan_lines(public(coin)), False)
+    assert plain["rule_ore/pass@1"] == 0.0 and plain["fix/none"] == 1.0
+    assert {k: v for k, v in plain.items() if k.startswith("fix_gold/")} == {
+        "fix_gold/right_tool": 0.0,
+        "fix_gold/wrong_tool": 0.0,
+        "fix_gold/every_tool": 0.0,
+        "fix_gold/none": 1.0,
+    }
+    fixed = forge.evaluation_probes(coin, forge.plan_lines(forge.oracle_plan("coin", [])), True)
+    assert fixed["fix_gold/right_tool"] == 1.0 and fixed["rule_ore/pass@1"] == 1.0
+    assert forge.evaluation_probes(coin, "print(1)", False) == {"rule_ore/pass@1": 0.0}
+    assert forge.evaluation_probes(coin, None, False) == {"rule_ore/pass@1": 0.0}
+
+
+def test_an_evaluation_logs_the_probes_of_the_world(tiny_policy, builder):
+    from helpers import tiny_run_settings
+
+    from rltldr_jax.settings import replace
+    from rltldr_jax.train.evaluation import evaluate
+
+    _, engine = tiny_policy
+    config = replace(tiny_run_settings("/unused", 1), {"env.name": "forge", "env.eval_split": "tier3"})
+    tasks = load_tasks("forge", "tier3")[:2]
+    metrics, result = evaluate(engine, builder, config, make_env=lambda: make_env("forge"), tasks=tasks)
+    kinds = {forge.KINDS[i] for t in tasks for i in public(t) if i in GATED}
+    assert {k for k in metrics if k.startswith("eval/probe/rule_")} == {f"eval/probe/rule_{k}/pass@1" for k in kinds}
+    for kind in kinds:  # the success rate of the attempts at the tasks that need the kind's tool
+        needing = [a.success for a in result.attempts if kind in {forge.KINDS[i] for i in public(a.task) if i in GATED}]
+        assert metrics[f"eval/probe/rule_{kind}/pass@1"] == pytest.approx(np.mean(needing))

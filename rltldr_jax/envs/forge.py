@@ -318,6 +318,37 @@ def classify_fix(plan_items: Sequence[str], task: Task) -> dict[str, str]:
     return out
 
 
+FIX_CLASSES = ("right_tool", "wrong_tool", "every_tool", "none")
+
+
+def evaluation_probes(task: Task, code: str | None, success: bool) -> dict[str, float]:
+    """What an evaluation measures of one attempt (EnvSpec.evaluation_probes), each averaged over the attempts that
+    report it:
+    - `rule_{kind}/pass@1`: the attempt's success, for each ruled kind the task's public plan gathers (per-rule
+      success: a task needing two tools counts for both);
+    - `fix/{class}`: the share of the attempt's gated gathers whose line is reached holding the right tool, a wrong
+      one, every tool, or none (`classify_fix`; a plan that does not parse reports nothing);
+    - `fix_{item}/{class}`: 1 for the class of the first gather of each held-out gated item (tier 3's items and the
+      held-out kind's), 0 for the other classes: where the no-insight policy places a fix it was never taught.
+    """
+    out: dict[str, float] = {}
+    kinds = {KINDS[i] for i in plan(task.spec["target"], task.spec["inventory"]) if i in GATED}
+    out |= {f"rule_{kind}/pass@1": float(success) for kind in sorted(kinds)}
+    if code is None:
+        return out
+    try:
+        items = parse_plan(code)
+    except crafting.PlanError:
+        return out
+    fixes = classify_fix(items, task)
+    if fixes:
+        out |= {f"fix/{c}": sum(v == c for v in fixes.values()) / len(fixes) for c in FIX_CLASSES}
+    for item, found in fixes.items():
+        if item in HELDOUT:
+            out |= {f"fix_{item}/{c}": float(found == c) for c in FIX_CLASSES}
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Tasks and tiers
 # ----------------------------------------------------------------------------------------------------
@@ -635,5 +666,6 @@ SPEC = register(
         uninformative_insight=uninformative_insight,
         shuffled_insight=shuffled_insight,
         world_fingerprint=_fingerprint,
+        evaluation_probes=evaluation_probes,
     )
 )

@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -78,6 +78,9 @@ class EnvSpec:
         insights shuffled across tasks).
       world_fingerprint: optional () -> a short hash of what the environment generates (pretraining caches are
         keyed on it); None: the hash of the source of the module that defines `load_tasks`.
+      evaluation_probes: optional (task, the attempt's last executed code or None, success) -> {name: value}: what
+        an evaluation measures of each attempt besides its success (per-rule success, where a fix is placed); each
+        name's mean over the attempts of an evaluation set that report it is logged as `{prefix}/probe/{name}`.
     """
 
     name: str
@@ -90,6 +93,7 @@ class EnvSpec:
     uninformative_insight: Callable[[str, Task, int], str] | None = None
     shuffled_insight: Callable[[str, Task, int], str] | None = None
     world_fingerprint: Callable[[], str] | None = None
+    evaluation_probes: Callable[[Task, str | None, bool], Mapping[str, float]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rltldr_jax.agent.collector import Collector, PhaseResult
@@ -26,7 +26,7 @@ from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.engines.engine import GenerationEngine
-from rltldr_jax.envs import Env, Task
+from rltldr_jax.envs import Env, Task, get_spec
 from rltldr_jax.metrics import summarize
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import ContextBuilder, Tokenizer, context_builder, load_tokenizer
@@ -71,7 +71,25 @@ def evaluate(
     )
     result = collector.collect(tasks, phase=-1 - tag)
     metrics = {f"{prefix}/{name}": v for name, v in summarize(attempt_records(result), k).items()}
+    probes = get_spec(config.env.name).evaluation_probes
+    if probes is not None:
+        metrics |= {f"{prefix}/probe/{name}": v for name, v in probe_means(result, probes).items()}
     return metrics, result
+
+
+def probe_means(
+    result: PhaseResult, probes: Callable[[Task, str | None, bool], Mapping[str, float]]
+) -> dict[str, float]:
+    """{name: mean over the attempts that report it} of an environment's `evaluation_probes` (EnvSpec), each attempt
+    probed on its last executed code (None when it executed none), in sorted name order."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for a in result.attempts:
+        code = a.steps[-1].code if a.steps else None
+        for name, value in probes(a.task, code, a.success).items():
+            sums[name] = sums.get(name, 0.0) + float(value)
+            counts[name] = counts.get(name, 0) + 1
+    return {name: sums[name] / counts[name] for name in sorted(sums)}
 
 
 def evaluate_all(
