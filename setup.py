@@ -44,6 +44,7 @@ CONSOLE_SCRIPTS = [
     "rltldr-delta-theta = rltldr_jax.cli.delta_theta:run",
     "rltldr-insight-curves = rltldr_jax.cli.insight_curves:run",
     "rltldr-analyze-rollouts = rltldr_jax.cli.analyze_rollouts:run",
+    "rltldr-probe-plans = rltldr_jax.cli.probe_plans:run",
 ]
 
 EXTRAS = {

@@ -110,3 +110,44 @@ def test_the_report_holds_the_preregistered_analysis(tmp_path):
     assert any(p.endswith("results.md") for p in paths)
     assert "## Pre-registered analysis" in text
     assert "| primary | tier2 selected: rltldr − strict_control | +30.0 | [+20.0, +40.0] | 3 | reproduced |" in text
+
+
+@pytest.mark.slow
+def test_the_smoke_grid_through_the_launcher_then_the_probes(tmp_path):
+    """launch/replicate.py on the second round's smoke preset (arms with their own seeds, an offline arm reading
+    rltldr's rollouts of its seed), its report with the pre-registered section, then the probes over training."""
+    import csv
+    import subprocess
+    import sys
+
+    from rltldr_jax.analysis.plan_probes import probe_grid
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "grid"
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "launch", "replicate.py"),
+            f"--config={os.path.join(root, 'configs', 'replicate_v2.py')}:smoke",
+            f"--out={out}",
+            f"--config.pretrain.cache_dir={tmp_path / 'pretrained'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(out / "results.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["arm"], int(r["seed"])) for r in rows) == [
+        ("grpo", 0),
+        ("rltldr", 0),
+        ("rltldr", 1),
+        ("sftldr", 1),
+    ]
+    assert all(r["tier3_pass1_no_insight_selected"] != "" for r in rows)
+    text = (out / "results.md").read_text(encoding="utf-8")
+    assert "## Pre-registered analysis" in text and "| sanity | grpo: max over seeds" in text
+    probes = probe_grid(str(out), num_tasks=1, echo=lambda line: None)
+    assert {(r["arm"], r["seed"]) for r in probes} == {("grpo", 0), ("rltldr", 0), ("rltldr", 1)}  # not sftldr
+    assert {r["step"] for r in probes} == {0, 1} and {r["set"] for r in probes} == {"tier2", "tier3", "tier4"}

@@ -116,7 +116,8 @@ def _default(c) -> None:
             # Pretraining ends at 3e-3 * 0.05 = 1.5e-4; RL starts there and decays to a tenth over the run.
             "optim.learning_rate": 1.5e-4,
             "optim.end_learning_rate": 1.5e-5,
-            "optim.decay_steps": 500,
+            # ~3.5 optimizer steps per phase (round one's runs: 2 epochs over the filtered examples): 60 phases.
+            "optim.decay_steps": 200,
             "eval.every": 5,
             "eval.num_tasks": 0,
             "eval.attempts_per_task": 2,
@@ -124,7 +125,9 @@ def _default(c) -> None:
             "eval.splits": EVAL_SPLITS,
             "eval.split_tasks": 0,
             "eval.select_on": "valid",
+            # every evaluation's checkpoint kept (~3 MB each): the probes over training read them afterwards
             "train.checkpoint_every": 5,
+            "train.keep_checkpoints": 100,
             "pretrain.steps": 2000,
             "pretrain.statement_prob": 0.15,
             "pretrain.write_prob": 0.5,
