@@ -128,7 +128,10 @@ def _default(c) -> None:
             # every evaluation's checkpoint kept (~3 MB each): the probes over training read them afterwards
             "train.checkpoint_every": 5,
             "train.keep_checkpoints": 100,
-            "pretrain.steps": 2000,
+            # Chosen on pilot seed 100's base checks (docs/replication/v2/preregistration.md): at 2,000 steps (round
+            # one's) the forge base used insights too little for the premise (with-insight Pass@1 1.5 %, sequential
+            # Pass@8 10.4 %, public-rule tasks 38.5 %); at 4,000 10.7 %, 39.6 %, 47.9 %, i.i.d. Pass@64 still 0.
+            "pretrain.steps": 4000,
             "pretrain.statement_prob": 0.15,
             "pretrain.write_prob": 0.5,
             "pretrain.reword_prob": 0.3,

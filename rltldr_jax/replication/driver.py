@@ -586,22 +586,25 @@ def run_replication(
         if bar is not None:
             bar.update(1)
 
-    # Every seed's base policy, then its checks, then the runs (a run needs its seed's base policy; an arm that shares
-    # another's run, or trains on its rollouts, comes after it), `jobs` at a time. Several at a time, the runs whose
-    # attempts see insights go first (sequential attempts with longer contexts: the longest), so that the short ones
-    # fill the end instead of one long run going on alone.
-    tasks = [Task(f"base s{seed}", functools.partial(base_policies, seed)) for seed in seeds]
-    tasks += [Task(f"checks s{seed}", functools.partial(base_checks_of, seed), (f"base s{seed}",)) for seed in seeds]
+    # Seed by seed: its base policy, then its checks and its runs (a run needs its seed's base policy; an arm that
+    # shares another's run, or trains on its rollouts, comes after it), `jobs` at a time, so that a long grid finishes
+    # whole seeds as it goes (the next seed's base policy is made while a seed's runs go on). Several at a time, a
+    # seed's runs whose attempts see insights go first (sequential attempts with longer contexts: the longest), so
+    # that the short ones fill the end instead of one long run going on alone.
     if jobs > 1:  # (a stable sort: an owner stays before the runs that share it, online runs before offline ones)
         runs = sorted(runs, key=lambda run: (run.offline, run.config.insight.schedule == "never"))
-    for run in runs:
-        after = [f"base s{run.seed}"]
-        if run.shared_with:  # (its workdir is the run it shares: plan_runs)
-            after.append(run.workdir)
-        if run.depends_on:
-            after.append(run.depends_on)
-        key = run.workdir if not run.shared_with else f"{run.workdir} as {run.arm}"
-        tasks.append(Task(key, functools.partial(train, run), tuple(after)))
+    tasks = []
+    for seed in seeds:
+        tasks.append(Task(f"base s{seed}", functools.partial(base_policies, seed)))
+        tasks.append(Task(f"checks s{seed}", functools.partial(base_checks_of, seed), (f"base s{seed}",)))
+        for run in (r for r in runs if r.seed == seed):
+            after = [f"base s{run.seed}"]
+            if run.shared_with:  # (its workdir is the run it shares: plan_runs)
+                after.append(run.workdir)
+            if run.depends_on:
+                after.append(run.depends_on)
+            key = run.workdir if not run.shared_with else f"{run.workdir} as {run.arm}"
+            tasks.append(Task(key, functools.partial(train, run), tuple(after)))
     try:
         run_tasks(tasks, jobs)
     finally:
