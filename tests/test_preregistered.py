@@ -21,6 +21,8 @@ def test_paired_tost_by_hand():
     assert t.p_lower == pytest.approx(1 - _t2_cdf(7.0)) and t.p_upper == pytest.approx(_t2_cdf(-5.0))
     assert t.p == pytest.approx(0.018875, abs=1e-6)
     assert math.isnan(paired_tost({0: 0.1}, {0: 0.1}, margin=0.1).p)  # one pair: no test
+    assert paired_tost({0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0}, margin=0.1).p == 0  # no variance, inside: equivalent
+    assert paired_tost({0: 0.2, 1: 0.2}, {0: 0.0, 1: 0.0}, margin=0.1).p == 1  # no variance, outside
     with pytest.raises(ValueError, match="margin"):
         paired_tost(a, b, margin=0)
 

@@ -130,15 +130,18 @@ class Tost:
 def paired_tost(a: Mapping[int, float], b: Mapping[int, float], *, margin: float) -> Tost:
     """TOST on the paired differences a[s] - b[s] over the seeds both have (finite values): two one-sided one-sample
     t-tests of the mean difference against -margin and +margin (n - 1 degrees of freedom; NaN p-values with fewer
-    than 2 pairs or no variance)."""
+    than 2 pairs). Differences without variance (e.g. both arms 0 on every seed) are their limit: each one-sided
+    p-value is 0 when the difference is inside its bound, 1 otherwise."""
     if margin <= 0:
         raise ValueError(f"margin must be > 0, got {margin}")
     seeds = sorted(s for s in a.keys() & b.keys() if math.isfinite(a[s]) and math.isfinite(b[s]))
     d = np.asarray([a[s] - b[s] for s in seeds], dtype=np.float64)
     diff = float(d.mean()) if len(d) else math.nan
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else math.nan
-    if not (math.isfinite(se) and se > 0):
+    if not math.isfinite(se):
         return Tost(diff, margin, math.nan, math.nan)
+    if se == 0:
+        return Tost(diff, margin, float(not diff > -margin), float(not diff < margin))
     df = len(d) - 1
     p_lower = float(sps.t.sf((diff + margin) / se, df))  # H0: diff <= -margin
     p_upper = float(sps.t.cdf((diff - margin) / se, df))  # H0: diff >= +margin
