@@ -41,8 +41,9 @@ def test_every_arm_differs_from_rltldr_exactly_in_its_keys_and_no_two_arms_are_o
     assert len(unique) == len(v2.ARMS)  # one name per arm: no arm is another under a second name
     rltldr = v2.arm_config("default", "rltldr", 0)
     assert rltldr.env.name == "forge" and rltldr.loss.lam == v2.DEFAULT_LAMBDA == 0.5
-    assert "kl" in rltldr.loss.terms.split(",") and rltldr.loss.kl_coef > 0
-    assert rltldr.optim.end_learning_rate < rltldr.optim.learning_rate and rltldr.optim.decay_steps > 0
+    # the pilots' choice: round one's constant 1e-3 without KL, 150 phases
+    assert rltldr.optim.learning_rate == 1e-3 and rltldr.optim.decay_steps == 0 and rltldr.loss.kl_coef == 0
+    assert rltldr.train.env_step_budget == 150 * rltldr.rollout.tasks_per_phase * rltldr.rollout.group_size
     assert rltldr.pretrain.write_prob > 0 and rltldr.pretrain.reword_prob > 0 and rltldr.eval.select_on == "valid"
     assert v2.arm_config("default", "strict_control", 0).insight.source == "uninformative"
     assert v2.arm_config("default", "grpo_k64", 0).rollout.group_size == 64
