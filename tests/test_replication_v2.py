@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from rltldr_jax.cli.replicate import grid_configs
 from rltldr_jax.config import base
 from rltldr_jax.config import replicate_v2 as v2
+from rltldr_jax.config.replicate import grid_configs
 from rltldr_jax.settings import as_dict
 from rltldr_jax.train.pretrain import pretrained_dir
 

@@ -39,14 +39,13 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from rltldr_jax.cli.common import as_main, default_config, define_path, quiet_logging, run_launcher, use_compile_cache
 from rltldr_jax.config import base
+from rltldr_jax.config.replicate import grid_configs
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -97,31 +96,6 @@ def _csv(value: str | None, what: str, cast=str) -> list:
         return [cast(v) for v in items]
     except ValueError:
         sys.exit(f"error: --{what}={value!r}: give a comma-separated list, e.g. --{what}=0,1,2")
-
-
-def grid_configs(
-    grid: Any, preset: str, arms: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any]
-) -> dict[tuple[str, int], Any]:
-    """(arm, seed) -> resolved config of a grid module's `preset`: `arms` on `seeds` (every arm), or without `seeds`
-    on the preset's (`GRIDS[preset][1]`: one tuple for every arm, or arm -> seeds; an arm it does not list gets its
-    longest list); plus the `rltldr` run of every seed an offline arm (mode sft) reads the rollouts of."""
-    default_seeds = grid.GRIDS[preset][1]
-
-    def seeds_of(arm: str) -> list[int]:
-        if seeds:
-            return list(seeds)
-        if isinstance(default_seeds, Mapping):
-            return list(default_seeds.get(arm) or max(default_seeds.values(), key=len))
-        return list(default_seeds)
-
-    configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for arm in arms for seed in seeds_of(arm)}
-    offline = {seed for (arm, seed), c in configs.items() if c.mode == "sft"}
-    configs |= {
-        ("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides)
-        for seed in sorted(offline)
-        if ("rltldr", seed) not in configs
-    }
-    return configs
 
 
 def main(argv: list[str]) -> None:

@@ -29,7 +29,7 @@ to the overrides that define it (an ablation of rltldr_jax/config/ablations.py w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rltldr_jax.config import ablations, base
@@ -234,3 +234,28 @@ def resolve_arm(
         ablations.apply(c, ablation)
     base.override(c, {**extra, "seed": seed, "name": arm, **dict(overrides or {})})
     return ablations.resolve(c)
+
+
+def grid_configs(
+    grid: Any, preset: str, arms: Sequence[str], seeds: Sequence[int], overrides: Mapping[str, Any]
+) -> dict[tuple[str, int], Any]:
+    """(arm, seed) -> resolved config of a grid module's `preset`: `arms` on `seeds` (every arm), or without `seeds`
+    on the preset's (`GRIDS[preset][1]`: one tuple for every arm, or arm -> seeds; an arm it does not list gets its
+    longest list); plus the `rltldr` run of every seed an offline arm (mode sft) reads the rollouts of."""
+    default_seeds = grid.GRIDS[preset][1]
+
+    def seeds_of(arm: str) -> list[int]:
+        if seeds:
+            return list(seeds)
+        if isinstance(default_seeds, Mapping):
+            return list(default_seeds.get(arm) or max(default_seeds.values(), key=len))
+        return list(default_seeds)
+
+    configs = {(arm, seed): grid.arm_config(preset, arm, seed, overrides) for arm in arms for seed in seeds_of(arm)}
+    offline = {seed for (arm, seed), c in configs.items() if c.mode == "sft"}
+    configs |= {
+        ("rltldr", seed): grid.arm_config(preset, "rltldr", seed, overrides)
+        for seed in sorted(offline)
+        if ("rltldr", seed) not in configs
+    }
+    return configs
