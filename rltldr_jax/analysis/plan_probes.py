@@ -39,25 +39,17 @@ PlanMaker = Callable[[Task], str]
 
 
 def world_plans(env: str) -> dict[str, PlanMaker]:
-    """The two plans a crafting world's probe compares: {"oracle": obeys the hidden rules, "public": the public
-    rules' plan}."""
+    """The two plans the probe compares for `env`'s tasks, from its EnvSpec's `reference_plans`: {"oracle": obeys
+    the hidden rules, "public": what public knowledge gives}."""
     from rltldr_jax.envs import get_spec
 
-    get_spec(env)  # (registers the built-in world)
-    if env == "forge":
-        from rltldr_jax.envs import forge as world
-    elif env == "craft":
-        from rltldr_jax.envs import craft as world
-    else:
-        raise ValueError(f"env {env!r} has no oracle plan: the plan probe needs a crafting world (craft, forge)")
-
-    def spec(task: Task) -> tuple[str, list[str]]:
-        return task.spec["target"], task.spec["inventory"]
-
-    return {
-        "oracle": lambda task: world.plan_code(world.oracle_plan(*spec(task))),
-        "public": lambda task: world.plan_code(world.plan(*spec(task))),
-    }
+    reference = get_spec(env).reference_plans
+    if reference is None:
+        raise ValueError(
+            f"env {env!r} has no reference plans: the plan probe compares an oracle and a public plan, which a world "
+            "gives as EnvSpec.reference_plans (the crafting worlds craft and forge do)"
+        )
+    return {name: (lambda task, name=name: reference(task)[name]) for name in ("oracle", "public")}
 
 
 def plan_rows(builder: ContextBuilder, tasks: Sequence[Task], plan: PlanMaker) -> list[tuple[np.ndarray, np.ndarray]]:

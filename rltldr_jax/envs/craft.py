@@ -263,5 +263,6 @@ SPEC = register(
         demonstrations=crafting.pretrain_examples(WORLD, demonstration),
         uninformative_insight=uninformative_insight,
         world_fingerprint=_fingerprint,
+        reference_plans=WORLD.reference_plans,
     )
 )

@@ -271,6 +271,15 @@ class World:
         """The plan as the policy writes it: a fenced Python block, one call per line."""
         return "```python\n" + self.plan_lines(items) + "```"
 
+    def reference_plans(self, task: Task) -> dict[str, str]:
+        """The plan probe's pair for `task` (EnvSpec.reference_plans): {"oracle": the plan that obeys the hidden
+        rules, "public": the public planner's}, each as the policy writes it."""
+        target, inventory = task.spec["target"], task.spec["inventory"]
+        return {
+            "oracle": self.plan_code(self.oracle_plan(target, inventory)),
+            "public": self.plan_code(self.plan(target, inventory)),
+        }
+
     def task(self, target: str, inventory: Sequence[str], split: str) -> Task:
         """The task "obtain `target` from `inventory`" of `split`; its id hashes the target and the inventory."""
         inv = tuple(sorted(inventory))

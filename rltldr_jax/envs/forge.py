@@ -667,5 +667,6 @@ SPEC = register(
         shuffled_insight=shuffled_insight,
         world_fingerprint=_fingerprint,
         evaluation_probes=evaluation_probes,
+        reference_plans=WORLD.reference_plans,
     )
 )

@@ -81,6 +81,9 @@ class EnvSpec:
       evaluation_probes: optional (task, the attempt's last executed code or None, success) -> {name: value}: what
         an evaluation measures of each attempt besides its success (per-rule success, where a fix is placed); each
         name's mean over the attempts of an evaluation set that report it is logged as `{prefix}/probe/{name}`.
+      reference_plans: optional task -> {"oracle": an answer that obeys the hidden rules, "public": the answer public
+        knowledge gives}, each as the policy writes it: the pair whose no-insight log-probabilities the probes over
+        training compare (`analysis/plan_probes.py`, `launch/probe_plans.py`). None: the world has no such probe.
     """
 
     name: str
@@ -94,6 +97,7 @@ class EnvSpec:
     shuffled_insight: Callable[[str, Task, int], str] | None = None
     world_fingerprint: Callable[[], str] | None = None
     evaluation_probes: Callable[[Task, str | None, bool], Mapping[str, float]] | None = None
+    reference_plans: Callable[[Task], Mapping[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
