@@ -1,4 +1,5 @@
-"""Builders the tests share: the `tiny` config and the one small Trainer run the end-to-end tests start from.
+"""Builders the tests share: the `tiny` config and the one small Trainer run the end-to-end tests start from, and a
+launcher run in its own process (`launch`).
 
 Every test that builds a Trainer on the tiny preset starts from `tiny_run_config`, so that the suite compiles one
 set of shapes (the engine's, the train step's) and the on-disk compilation cache of tests/conftest.py serves the
@@ -8,6 +9,9 @@ rest; a test overrides only the keys it checks.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from typing import Any
 
 import ml_collections
@@ -37,6 +41,26 @@ TINY_RUN: dict[str, Any] = {
     "loss.filter_zero_advantage": False,
     "loss.positive_ratio": 0.0,
 }
+
+
+#: The checkout's root (where `launch/` and `configs/` are).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch(
+    name: str, *flags: str, cwd: str | os.PathLike | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess:
+    """`python launch/{name}.py FLAGS` in its own process on the CPU (from `cwd`, default the checkout's root), as a
+    user runs it: the exit status, stdout and stderr captured as text, never raised on."""
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", f"{name}.py"), *flags],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        check=False,
+    )
 
 
 def tiny_config(overrides: dict[str, Any] | None = None, *, validate: bool = True) -> ml_collections.ConfigDict:

@@ -118,26 +118,24 @@ def test_the_smoke_grid_through_the_launcher_then_the_probes(tmp_path):
     """launch/replicate.py on the second round's smoke preset (arms with their own seeds, an offline arm reading
     rltldr's rollouts of its seed), its report with the pre-registered section, then the probes over training."""
     import csv
-    import subprocess
-    import sys
+    import shutil
+
+    from helpers import launch as launcher
 
     from rltldr_jax.analysis.plan_probes import probe_grid
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "grid"
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(root, "launch", "replicate.py"),
-            f"--config={os.path.join(root, 'configs', 'replicate_v2.py')}:smoke",
+
+    def launch(*flags: str) -> None:
+        grid = (
+            "--config=configs/replicate_v2.py:smoke",
             f"--out={out}",
-            f"--config.pretrain.cache_dir={tmp_path / 'pretrained'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+            f"--config.pretrain.cache_dir={tmp_path}/pretrained",
+        )
+        done = launcher("replicate", *grid, *flags)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    launch()
     with open(out / "results.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["arm"], int(r["seed"])) for r in rows) == [
@@ -152,3 +150,13 @@ def test_the_smoke_grid_through_the_launcher_then_the_probes(tmp_path):
     probes = probe_grid(str(out), num_tasks=1, echo=lambda line: None)
     assert {(r["arm"], r["seed"]) for r in probes} == {("grpo", 0), ("rltldr", 0), ("rltldr", 1)}  # not sftldr
     assert {r["step"] for r in probes} == {0, 1} and {r["set"] for r in probes} == {"tier2", "tier3", "tier4"}
+    # carried to a new machine: packed, restored (base policies too), resumed: nothing is run again, same report
+    launch(f"--pack={tmp_path / 'archive'}")
+    old_csv = (out / "results.csv").read_text(encoding="utf-8")
+    shutil.move(out, tmp_path / "old-machine")
+    shutil.move(tmp_path / "pretrained", tmp_path / "old-pretrained")
+    launch(f"--unpack={tmp_path / 'archive'}")
+    launch()
+    assert not any((out / "runs" / name / "checkpoints").exists() for name in os.listdir(out / "runs"))  # not rerun
+    assert (out / "results.csv").read_text(encoding="utf-8") == old_csv
+    assert probe_grid(str(out), num_tasks=1, echo=lambda line: None) == probes  # (from the packed probes.json)

@@ -152,6 +152,35 @@ def probe_run(
 PROBE_SETS = ("tier2", "tier3", "tier4")
 
 
+#: Each probed run's rows, kept in its workdir: read again instead of recomputed (e.g. a grid restored from an
+#: archive, `replication/archive.py`, whose runs keep no checkpoints).
+PROBES_FILE = "probes.json"
+
+
+def _cached_rows(workdir: str, sets: Sequence[str], num_tasks: int) -> list[dict[str, Any]] | None:
+    """The rows saved in `{workdir}/probes.json` when they were probed on `sets` with `num_tasks` and cover every
+    checkpoint the run keeps now (None otherwise)."""
+    path = os.path.join(workdir, PROBES_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if saved.get("sets") != list(sets) or saved.get("num_tasks") != num_tasks:
+        return None
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(ckpt_dir):
+        from rltldr_jax.checkpoint import Checkpointer
+
+        ckpt = Checkpointer(ckpt_dir, keep=None, async_save=False, create=False)
+        try:
+            kept = set(ckpt.all_steps())
+        finally:
+            ckpt.close()
+        if not kept <= {r["step"] for r in saved["rows"]}:
+            return None
+    return saved["rows"]
+
+
 def probe_grid(
     out: str,
     *,
@@ -164,7 +193,8 @@ def probe_grid(
     """The probe rows (`probe_run`) of every finished run of the grid in `out` (or of `arms`), each with `arm` and
     `seed`: on the first `num_tasks` tasks of each of `sets` (the grid's fixed evaluation order: every run probes
     the same tasks), from each run's own base policy (`model.checkpoint` of its config) and tokenizer. Offline runs
-    (SFT baselines) and runs without kept checkpoints are skipped."""
+    (SFT baselines) and runs with neither kept checkpoints nor saved rows are skipped. Each run's rows are saved in
+    its workdir (`PROBES_FILE`) and read from there next time while they cover its kept checkpoints."""
     from rltldr_jax.agent.eval_set import split_eval_tasks
     from rltldr_jax.replication.grid import finished_runs
     from rltldr_jax.settings import replace, settings_of
@@ -173,20 +203,28 @@ def probe_grid(
 
     rows: list[dict[str, Any]] = []
     for summary in finished_runs(out):
-        if arms and summary["arm"] not in arms:
-            continue
-        if not os.path.isdir(os.path.join(summary["workdir"], "checkpoints")) or "config" not in summary:
+        if arms and summary["arm"] not in arms or "config" not in summary:
             continue
         config = settings_of(summary["config"])
         if config.mode == "sft":  # (offline: its checkpoints are epochs, not points of a curve over env steps)
             continue
-        chosen = replace(config, {"eval.splits": ",".join(sets), "eval.split_tasks": num_tasks})
-        builder = context_builder(config, policy_tokenizer(config))
-        tasks = split_eval_tasks(chosen)
-        plans = world_plans(config.env.name)
-        for row in probe_run(summary["workdir"], config.model.checkpoint, tasks, builder, plans=plans, **kwargs):
-            rows.append({"arm": summary["arm"], "seed": summary["seed"], **row})
-        echo(f"probed {summary['arm']} seed {summary['seed']}")
+        workdir = summary["workdir"]
+        run_rows = _cached_rows(workdir, sets, num_tasks)
+        if run_rows is None:
+            if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+                continue
+            chosen = replace(config, {"eval.splits": ",".join(sets), "eval.split_tasks": num_tasks})
+            builder = context_builder(config, policy_tokenizer(config))
+            tasks = split_eval_tasks(chosen)
+            plans = world_plans(config.env.name)
+            run_rows = probe_run(workdir, config.model.checkpoint, tasks, builder, plans=plans, **kwargs)
+            saved = {"sets": list(sets), "num_tasks": num_tasks, "rows": run_rows}
+            tmp = os.path.join(workdir, f"{PROBES_FILE}.tmp-{os.getpid()}")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(saved, f, indent=0)
+            os.replace(tmp, os.path.join(workdir, PROBES_FILE))
+            echo(f"probed {summary['arm']} seed {summary['seed']}")
+        rows += [{"arm": summary["arm"], "seed": summary["seed"], **row} for row in run_rows]
     return rows
 
 

@@ -5,6 +5,8 @@
     python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
     python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
     python launch/replicate.py --config=configs/replicate_v2.py                 # the second round's grid
+    python launch/replicate.py --config=configs/replicate_v2.py --pack=DIR      # its finished pieces, to carry on
+    python launch/replicate.py --config=configs/replicate_v2.py --unpack=DIR    # ...restored on another machine
 
 Per seed: pretrain the policy from scratch (cached in `runs/pretrained` by a hash of its settings, so presets
 and grids with the same pretraining settings share it), check the
@@ -31,6 +33,11 @@ presets):
 results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
 replication's numbers, and the base checks), curves.png (no-insight Pass@1 against environment steps, held-in and
 held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
+
+A grid longer than a machine's life moves in pieces: `--pack=DIR` copies what has finished (summaries, metrics, probes,
+base checks, base policies: a few MB, `replication/archive.py`) to DIR and exits; on the next machine `--unpack=DIR`
+puts it back into the same `--out` (the same absolute path: runs record their base policy's path) and exits; the
+plain command then runs only what is missing.
 """
 
 from __future__ import annotations
@@ -74,6 +81,19 @@ _RESTART = flags.DEFINE_bool(
     False,
     "Redo the finished runs (and base checks) made with other settings than asked for, each old run moved to "
     "{workdir}.old-<time>; without it the command refuses them. Runs made with these settings are kept.",
+)
+
+_PACK = define_path(
+    "pack",
+    None,
+    "Copy the grid's finished pieces (summaries, metrics, probes, base checks, base policies) to this directory and "
+    "exit, to resume the grid on another machine with --unpack (replication/archive.py). Runs nothing.",
+)
+_UNPACK = define_path(
+    "unpack",
+    None,
+    "Restore a directory written by --pack into --out (and the base policies where the runs used them) and exit; "
+    "then the plain command resumes the grid. Runs nothing.",
 )
 
 
@@ -122,6 +142,9 @@ def main(argv: list[str]) -> None:
         configs = grid_configs(grid, preset, arms, seeds, overrides)
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
+    if _PACK.value or _UNPACK.value:
+        _archive(configs, out)
+        return
     quiet_logging()
     # The grid's runs compile the same programs (every arm: the loss coefficients are traced): each is compiled once,
     # by the first run that needs it, into the compilation cache (compile.cache_dir) that every run process reads.
@@ -154,6 +177,38 @@ def main(argv: list[str]) -> None:
     for p in paths:
         print(f"  {p}")
     print(f"next:\n  tensorboard --logdir {os.path.join(out, 'runs')}\n  cat {os.path.join(out, 'results.md')}")
+
+
+def _archive(configs: dict, out: str) -> None:
+    """--pack / --unpack: moves the grid's finished pieces between `out` and an archive directory (one line each)."""
+    from rltldr_jax.replication.archive import ArchiveError, pack, summary_of, unpack, unprobed_runs
+    from rltldr_jax.replication.driver import resolve_base_policies
+    from rltldr_jax.replication.grid import plan_runs
+
+    if _PACK.value and _UNPACK.value:
+        sys.exit("error: --pack and --unpack both given: pack on the machine the grid ran on, unpack on the next")
+    try:
+        if _PACK.value:
+            runs = plan_runs(resolve_base_policies(configs), out)
+            unprobed = unprobed_runs(runs)
+            if unprobed:
+                print(
+                    f"note: {len(unprobed)} finished runs have checkpoints but no probes ({', '.join(unprobed[:4])}"
+                    f"{' ...' if len(unprobed) > 4 else ''}): their checkpoints are not packed, so run "
+                    f"`python launch/probe_plans.py --grid={out}` first to keep their probes"
+                )
+            written = pack(runs, out, _PACK.value)
+            archive = _PACK.value
+        else:
+            written = unpack(_UNPACK.value, out)
+            archive = _UNPACK.value
+    except ArchiveError as e:
+        sys.exit(f"error: {e}")
+    held = ", ".join(f"{n} {what}" for what, n in summary_of(archive).items())
+    verb = "packed into" if _PACK.value else f"unpacked into {out} from"
+    print(f"{len(written)} files {verb} {archive} (it holds {held})")
+    if _UNPACK.value:
+        print("next: rerun without --unpack to resume the grid (finished runs are skipped)")
 
 
 def run() -> None:

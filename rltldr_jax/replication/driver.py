@@ -392,7 +392,7 @@ def mean_curves(curves: Mapping[int, Mapping[str, list[float]]], n_tasks: int) -
     return out
 
 
-def _resolve_base_policies(
+def resolve_base_policies(
     configs: dict[tuple[str, int], Settings],
 ) -> dict[tuple[str, int], Settings]:
     """`configs` with `model.checkpoint` set where the arm pretrains: the cached or shipped policy, else where
@@ -510,7 +510,7 @@ def run_replication(
         raise ValueError(f"jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core (at most 4)")
     jobs = jobs or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4)
     sizes = dict(checks or {})
-    configs = _resolve_base_policies(dict(configs))
+    configs = resolve_base_policies(dict(configs))
     seeds = sorted({s for _, s in configs})
     keys = {seed: [k for k in configs if k[1] == seed] for seed in seeds}
     runs = plan_runs(configs, out)
