@@ -7,14 +7,13 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import launch
 
 from rltldr_jax.analysis.delta_theta import (
     DeltaThetaError,
@@ -373,20 +372,13 @@ def test_mismatches_and_wrong_paths_say_what(checkpoints, tmp_path):
 def test_cli_and_outputs(checkpoints, tmp_path, capsys):
     tmp = checkpoints["tmp"]
     expected = _by_kind(compare(f"{tmp / 'run' / 'checkpoints'}:1", tmp / "hf_b"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "launch", "delta_theta.py"),
-            f"--a={tmp / 'run' / 'checkpoints'}:1",
-            f"--b={tmp / 'hf_b'}",
-            f"--out={tmp_path / 't.json'}",
-            "--quiet",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    out = launch(
+        "delta_theta",
+        f"--a={tmp / 'run' / 'checkpoints'}:1",
+        f"--b={tmp / 'hf_b'}",
+        f"--out={tmp_path / 't.json'}",
+        "--quiet",
         timeout=300,
-        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()

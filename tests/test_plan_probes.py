@@ -65,14 +65,7 @@ def test_a_run_is_probed_at_the_base_policy_and_every_kept_checkpoint(tiny_polic
 
 
 def test_the_launcher_refuses_what_is_not_a_grid(tmp_path):
-    import subprocess
-    import sys
+    from helpers import launch
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, os.path.join(root, "launch", "probe_plans.py"), f"--grid={tmp_path}"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-    )
+    done = launch("probe_plans", f"--grid={tmp_path}")
     assert done.returncode != 0 and "is not a replication grid's directory" in done.stderr.strip().splitlines()[-1]
