@@ -16,6 +16,7 @@ RUNTIME = [
     "transformers>=5.24,<6",
     "tokenizers>=0.23,<0.24",
     "safetensors>=0.8,<0.9",
+    "huggingface-hub>=2.4,<3",  # hub ids as model.checkpoint & co. (rltldr_jax/models/hub.py)
     "ml-collections>=1.1,<2",
     "absl-py>=2.1,<3",
     "tensorboard>=2.21,<3",

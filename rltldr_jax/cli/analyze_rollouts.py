@@ -26,17 +26,17 @@ import sys
 
 from absl import app, flags
 
-from rltldr_jax.cli.common import as_main, define_path
+from rltldr_jax.cli.common import as_main, define_model_path, define_path
 
 ANALYSES = ("evolution", "revisits", "categories", "reliance")
 
 _RUN = define_path("run", None, "The run's workdir (holding rollouts/phase_*.jsonl), e.g. runs/sapi-rltldr.")
 _ANALYSIS = flags.DEFINE_enum("analysis", "all", (*ANALYSES, "all"), "Which analysis to run.")
 _OUT = define_path("out", None, "Output directory for the CSVs and PNGs (default: {run}/analysis).")
-_CHECKPOINT = define_path(
+_CHECKPOINT = define_model_path(
     "checkpoint",
     None,
-    "Reliance: the policy, an HF directory or a run's checkpoints DIR[:STEP] (default: latest step).",
+    "Reliance: the policy, an HF directory or hub id, or a run's checkpoints DIR[:STEP] (default: latest step).",
 )
 _POLICY = flags.DEFINE_enum(
     "reliance_policy",
@@ -45,7 +45,9 @@ _POLICY = flags.DEFINE_enum(
     "Reliance: score every phase with --checkpoint (fixed), or each phase with the training checkpoint that "
     "sampled it (per_phase; --checkpoint must be a run's checkpoints directory that kept them).",
 )
-_TOKENIZER = define_path("tokenizer", None, "Reliance: tokenizer.json or directory (default: the run's).")
+_TOKENIZER = define_model_path(
+    "tokenizer", None, "Reliance: tokenizer.json, directory or hub id (default: the run's).", what="tokenizer"
+)
 _THINKING = flags.DEFINE_bool("thinking", None, "Reliance: thinking-mode contexts (default: the run's, else on).")
 _DTYPE = flags.DEFINE_enum(
     "dtype", "float32", ("float32", "bfloat16"), "Reliance: activation dtype of the forward pass."

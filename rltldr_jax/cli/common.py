@@ -1,7 +1,8 @@
 """What the launchers share: absl flag parsing of `--config=FILE[:PRESET]` / `--config.KEY=VALUE` with clear errors,
-path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), readable
-logging, the compilation cache every launcher uses (`use_compile_cache`: `compile.cache_dir`), and `run_launcher`:
-SIGTERM / SIGINT as one line and exit status 128 + the signal's number."""
+path flags made absolute where they enter (`define_path`; config path keys in `ablations.resolve`), model flags that
+also take a hub id (`define_model_path`), readable logging, the compilation cache every launcher uses
+(`use_compile_cache`: `compile.cache_dir`), and `run_launcher`: SIGTERM / SIGINT as one line and exit status 128 + the
+signal's number."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import ml_collections
 from absl import app, flags
@@ -81,6 +82,27 @@ def define_path(name: str, default: str | None, help: str) -> flags.FlagHolder:
     """A flag holding a file or directory (`DIR:STEP` too), made absolute against the current directory where it
     enters, so that it means the same wherever it is used (argparse launchers: `type=base.absolute_path`)."""
     return flags.DEFINE(_PathParser(), name, default, help, serializer=flags.ArgumentSerializer())
+
+
+class _ModelPathParser(_PathParser):
+    """A flag naming an HF model or tokenizer: a path made absolute, or a hub id resolved to its local snapshot
+    (`rltldr_jax.config.base.model_path`); an id that cannot be is the flag's error."""
+
+    def __init__(self, what: Literal["model", "tokenizer"]):
+        super().__init__()
+        self.what = what
+
+    def parse(self, argument: str) -> str:
+        return base.model_path(argument, self.what)
+
+
+def define_model_path(
+    name: str, default: str | None, help: str, *, what: Literal["model", "tokenizer"] = "model"
+) -> flags.FlagHolder:
+    """`define_path` for a flag naming an HF model (or tokenizer) directory: it also takes a hub id
+    `org/name[@revision]`, resolved where it enters to its snapshot in the local HF cache (downloaded if needed:
+    rltldr_jax/models/hub.py). An existing local path always wins; a `DIR:STEP` training checkpoint is kept."""
+    return flags.DEFINE(_ModelPathParser(what), name, default, help, serializer=flags.ArgumentSerializer())
 
 
 #: Loggers that print INFO noise at start-up and on every checkpoint: absl (orbax logs through it), JAX's back-end

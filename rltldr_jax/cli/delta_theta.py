@@ -1,15 +1,16 @@
 """Δθ between two checkpoints (the paper's Table 7): ‖Δθ‖₁, ‖Δθ‖₂, share beyond bf16 precision, Gini of
 |Δθ|, top-1% share of Δθ², globally and per module kind.
 
-    python launch/delta_theta.py --a=/ckpt/qwen3_5_9b --b=runs/sapi-rltldr/checkpoints
+    python launch/delta_theta.py --a=Qwen/Qwen3.5-9B --b=runs/sapi-rltldr/checkpoints
     python launch/delta_theta.py --a=runs/x/checkpoints:0 --b=runs/x/checkpoints:120 --out=table7.csv
     python launch/delta_theta.py --a=/ckpt/qwen3_5_9b --b=/tmp/qwen_rltldr --out=table7.json
 
 Δθ = θ_b − θ_a: give the original policy as --a (the >bf16 threshold is relative to it). Each side is an HF
 safetensors directory (config.json + model*.safetensors, e.g. from launch/export_hf.py or the released
-checkpoint) or a training run's Checkpointer directory, `DIR[:STEP]` (default: the latest step). Tensors are
-compared one at a time (an orbax side holds one stacked parameter), so two 9B checkpoints never sit in memory
-together. Definitions and the error bounds of Gini / top share: rltldr_jax/analysis/delta_theta.py.
+checkpoint), a hub id `org/name[@revision]` (its snapshot in the local HF cache, downloaded if needed: an existing
+local path of that name wins), or a training run's Checkpointer directory, `DIR[:STEP]` (default: the latest step).
+Tensors are compared one at a time (an orbax side holds one stacked parameter), so two 9B checkpoints never sit in
+memory together. Definitions and the error bounds of Gini / top share: rltldr_jax/analysis/delta_theta.py.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import sys
 
 from absl import app, flags
 
-from rltldr_jax.cli.common import as_main, define_path
+from rltldr_jax.cli.common import as_main, define_model_path, define_path, parse_flags
 
-_A = define_path("a", None, "Base checkpoint (θ_original): HF directory or Checkpointer DIR[:STEP].")
-_B = define_path("b", None, "Compared checkpoint (θ_trained): HF directory or Checkpointer DIR[:STEP].")
+_A = define_model_path("a", None, "Base checkpoint (θ_original): HF directory or hub id, or Checkpointer DIR[:STEP].")
+_B = define_model_path("b", None, "Compared checkpoint (θ_trained): the same kinds as --a.")
 _OUT = define_path("out", None, "Also write the table to this .csv or .json file.")
 _PRESET = flags.DEFINE_string("preset", None, "Architecture preset for orbax checkpoints saved without a model config.")
 _CONFIG_JSON = define_path("config_json", None, "HF config.json (or its directory), for the same.")
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """`rltldr-delta-theta` (console script) and `python launch/delta_theta.py`."""
     as_main(__name__)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,16 @@
 
 The config gives the environment (`env.eval_split`), the number of tasks and attempts (`eval.num_tasks`,
 `eval.attempts_per_task`, 8 in the paper) and the rollout budgets; `--config.KEY=VALUE` overrides as in
-launch/train.py. `--checkpoint` is an HF directory or a training checkpoint directory (`DIR[:STEP]`, default the
-latest step); without it, the latest checkpoint of the config's workdir, else `model.checkpoint`, else the base
-policy of `pretrain.*` (pretrained first if it is not cached: the only case that pretrains), else the preset's
-random initialisation (tiny only). The policy is evaluated with its own tokenizer: an HF directory's tokenizer.json,
-or the tokenizer a training checkpoint's run used (recorded with it); a checkpoint whose architecture or tokenizer
-differs from the policy the config names (`tokenizer`, `model.checkpoint`, or pretraining) is refused in one line,
-as is a damaged checkpoint (its checksums). With engine.kind=jax_grpc|sglang the servers must already be running; the
-weights are pushed to them first (as the trainer does). Writes `{workdir}/eval/eval_{name}.json` (or `--out`)
-with every metric and the per-task successes, and prints the headline numbers.
+launch/train.py. `--checkpoint` is an HF directory (or a hub id `org/name[@revision]`, as `model.checkpoint`) or a
+training checkpoint directory (`DIR[:STEP]`, default the latest step); without it, the latest checkpoint of the
+config's workdir, else `model.checkpoint`, else the base policy of `pretrain.*` (pretrained first if it is not
+cached: the only case that pretrains), else the preset's random initialisation (tiny only). The policy is evaluated
+with its own tokenizer: an HF directory's tokenizer.json, or the tokenizer a training checkpoint's run used (recorded
+with it); a checkpoint whose architecture or tokenizer differs from the policy the config names (`tokenizer`,
+`model.checkpoint`, or pretraining) is refused in one line, as is a damaged checkpoint (its checksums). With
+engine.kind=jax_grpc|sglang the servers must already be running; the weights are pushed to them first (as the trainer
+does). Writes `{workdir}/eval/eval_{name}.json` (or `--out`) with every metric and the per-task successes, and prints
+the headline numbers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from absl import app
 from rltldr_jax.cli.common import (
     as_main,
     define_config_flags,
+    define_model_path,
     define_path,
     parse_flags,
     quiet_logging,
@@ -37,7 +39,9 @@ from rltldr_jax.cli.common import (
 _CONFIG, _ABLATION = define_config_flags(
     "A named baseline/ablation of rltldr_jax/config/ablations.py (its eval settings)."
 )
-_CHECKPOINT = define_path("checkpoint", None, "HF directory, or a training checkpoint directory DIR[:STEP].")
+_CHECKPOINT = define_model_path(
+    "checkpoint", None, "HF directory or hub id org/name[@revision], or a training checkpoint directory DIR[:STEP]."
+)
 _OUT = define_path("out", None, "Where to write the JSON (default {workdir}/eval/eval_{checkpoint}.json).")
 
 

@@ -9,8 +9,9 @@
 The config flags are those of launch/train.py (`--config=FILE[:PRESET]`, `--ablation=NAME`, `--config.KEY=VALUE`,
 `--dry_run`; parsed by rltldr_jax/cli/common.py): rollout budgets and sampling, the insight writer (`insight.source`,
 content, budgets; `insight.max_insights` is n_fb of the sequential mode) and the engine (`engine.kind`; with
-jax_grpc/sglang the servers must already serve the `--checkpoint` weights). `--checkpoint` is an HF directory or a run's
-checkpoint directory `DIR[:STEP]` (default `model.checkpoint`; random weights for the tiny preset).
+jax_grpc/sglang the servers must already serve the `--checkpoint` weights). `--checkpoint` is an HF directory (or a
+hub id `org/name[@revision]`) or a run's checkpoint directory `DIR[:STEP]` (default `model.checkpoint`; random weights
+for the tiny preset).
 
 Writes into `--out` (default `{workdir}/insight_curves`): insight_curves.csv (mode, k, pass_at_k, n_tasks,
 mean_insights), insight_curves_attempts.csv (one row per attempt) and insight_curves.png; with
@@ -28,6 +29,7 @@ from absl import app, flags
 from rltldr_jax.cli.common import (
     as_main,
     define_config_flags,
+    define_model_path,
     define_path,
     describe,
     parse_flags,
@@ -39,10 +41,10 @@ from rltldr_jax.cli.common import (
 
 _CONFIG, _ABLATION = define_config_flags("A named baseline/ablation of rltldr_jax/config/ablations.py.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config and exit.")
-_CHECKPOINT = define_path(
+_CHECKPOINT = define_model_path(
     "checkpoint",
     None,
-    "The frozen policy: an HF directory or a run's checkpoints DIR[:STEP] (default: model.checkpoint).",
+    "The frozen policy: an HF directory or hub id, or a run's checkpoints DIR[:STEP] (default: model.checkpoint).",
 )
 _MODES = flags.DEFINE_string("modes", "iid,latest,sequential", "Comma-separated modes: iid, latest, sequential.")
 _MAX_K = flags.DEFINE_integer("max_k", 16, "Attempts per task of the chain modes; the largest k of every curve.")

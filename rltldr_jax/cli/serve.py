@@ -1,6 +1,7 @@
 """Serve a Qwen 3.5 policy with the embedded JaxEngine over SGLang's native gRPC service.
 
     python launch/serve.py --model_path=/ckpt/qwen3_5_0_8b --port=40000 --max_batch=32 --max_len=8192
+    python launch/serve.py --model_path=Qwen/Qwen3.5-0.8B --port=40000     # a hub id: its snapshot in the HF cache
     python launch/serve.py --preset=tiny --port=0 --port_file=/tmp/port   # random tiny model, free port
 
 One process per accelerator host (or per CPU box). The trainer reaches every server with `SglangClient`
@@ -26,9 +27,10 @@ import signal
 import sys
 
 from rltldr_jax.cli.common import use_compile_cache
-from rltldr_jax.config.base import absolute_path
+from rltldr_jax.config.base import absolute_path, model_path
 from rltldr_jax.engines.jax_engine import DEFAULT_DECODE_GROUP, DEFAULT_DECODE_STEPS, decode_group_error
 from rltldr_jax.engines.sglang_proto import API_KEY_ENV
+from rltldr_jax.models.hub import HubError
 
 DTYPES = ("float32", "bfloat16")
 
@@ -40,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--model_path",
-        type=absolute_path,
-        help="HF safetensors checkpoint directory (config.json + model*.safetensors)",
+        help="HF safetensors checkpoint directory (config.json + model*.safetensors), or a hub id org/name[@revision] "
+        "(its snapshot in the local HF cache, downloaded if needed; an existing local path wins)",
     )
     src.add_argument(
         "--preset", help="random weights of a preset of rltldr_jax.models.presets (e.g. tiny), for tests and demos"
@@ -119,6 +121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None
+    if args.model_path:  # where the path enters: a hub id becomes its local snapshot directory
+        try:
+            args.model_path = model_path(args.model_path)
+        except HubError as e:
+            sys.exit(f"error: --model_path: {e}")
     problem = argument_error(args)
     if problem:  # one line, no usage block: the launchers' convention (rltldr_jax/cli/common.py)
         sys.exit(f"error: {problem}")

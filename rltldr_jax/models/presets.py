@@ -117,6 +117,14 @@ PRESETS: dict[str, Qwen35Config] = {
     ),
 }
 
+#: The Hugging Face hub id of the released weights of a Qwen 3.5 preset, for `model.checkpoint` (a hub id is fetched
+#: into the local HF cache: rltldr_jax/models/hub.py). The paper trains Qwen/Qwen3.5-9B.
+HUB_IDS: dict[str, str] = {
+    "qwen3_5_9b": "Qwen/Qwen3.5-9B",
+    "qwen3_5_2b": "Qwen/Qwen3.5-2B",
+    "qwen3_5_0_8b": "Qwen/Qwen3.5-0.8B",
+}
+
 
 def get_preset(name: str) -> Qwen35Config:
     """The architecture `name` (a key of PRESETS); unknown names list the known ones."""
