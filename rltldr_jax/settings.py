@@ -88,14 +88,29 @@ _frozen = dataclasses.dataclass(frozen=True, kw_only=True)
 
 # --- Policy model --------------------------------------------------------------------------------------
 @_frozen
+class Lora:
+    """`model.lora.*`: LoRA adapters on the policy (not in the paper, which fine-tunes every weight): with rank > 0
+    only the adapters train (gradients, optimizer state), the base stays as loaded (`rltldr_jax/models/lora.py`)."""
+
+    rank: int = setting(0, ge=0)  # r; 0 = no adapters (full fine-tuning)
+    alpha: float = setting(16.0, gt=0.0)  # α: the update is scaled by α / r (PEFT's convention)
+    # Comma-separated regular expressions searched in each linear layer's path (blocks/runs/1/self_attn/q_proj,
+    # .../linear_attn/in_proj_qkv, .../mlp/down_proj); "" = every attention, DeltaNet and MLP projection. Use
+    # alternation (q_proj|v_proj), not a comma, inside one expression.
+    targets: str = setting("")
+    dropout: float = setting(0.0, ge=0.0, lt=1.0)  # dropout on the adapters' input; only 0 is implemented
+
+
+@_frozen
 class Model:
     """`model.*`: the policy's architecture, weights and numerics."""
 
     # architecture: qwen3_5_9b | qwen3_5_4b | qwen3_5_2b | qwen3_5_0_8b | tiny | replicate_xs | replicate_s
     # | replicate_m
     preset: str = setting("qwen3_5_9b", choices=tuple(PRESETS))
-    # HF checkpoint directory (safetensors + config.json) to start from; "" = random init (tiny), or the pretrained
-    # checkpoint of `pretrain.*` when pretrain.steps > 0
+    # HF checkpoint directory (safetensors + config.json) to start from, or a hub id org/name[@revision] (e.g.
+    # Qwen/Qwen3.5-9B, fetched into the local HF cache: rltldr_jax/models/hub.py); "" = random init (tiny), or the
+    # pretrained checkpoint of `pretrain.*` when pretrain.steps > 0
     checkpoint: str = setting("")
     # compute dtype: bfloat16 | float32 (norms, delta rule, softmax, loss stay fp32)
     dtype: str = setting("bfloat16", choices=("bfloat16", "float32"))
@@ -106,6 +121,7 @@ class Model:
     # Load checkpoints (model.checkpoint, the teacher's, a resumed run's) even if their weights hold NaN/inf; by
     # default such a checkpoint is refused as corrupt. Not in the paper.
     allow_nonfinite: bool = setting(False)
+    lora: Lora = section(Lora)
 
 
 # --- Environment ---------------------------------------------------------------------------------------
@@ -155,9 +171,9 @@ class Teacher:
     """`insight.teacher.*`: the frozen writer of insight.source=teacher (GLM 5.2 in Table 3); it never receives
     weight pushes."""
 
-    checkpoint: str = setting("")  # HF checkpoint of the teacher: run on an embedded JaxEngine (Qwen 3.5 family)
+    checkpoint: str = setting("")  # HF checkpoint (dir or hub id) of the teacher, Qwen 3.5 family: embedded JaxEngine
     servers: str = setting("")  # or: comma-separated host:port of gRPC generation servers already hosting it
-    tokenizer: str = setting("")  # its tokenizer.json or checkpoint dir if it differs ("" = the checkpoint's/policy's)
+    tokenizer: str = setting("")  # tokenizer.json, checkpoint dir or hub id if it differs ("" = checkpoint's/policy's)
 
 
 @_frozen
@@ -477,7 +493,7 @@ class Settings:
     # "rl": RL training (launch/train.py); "sft": offline SFT baselines of Table 2 (launch/sft.py)
     mode: str = setting("rl", choices=("rl", "sft"))
     model: Model = section(Model)
-    tokenizer: str = setting("")  # tokenizer.json or checkpoint dir; "" = model.checkpoint's, else the built-in one
+    tokenizer: str = setting("")  # tokenizer.json, checkpoint dir or hub id; "" = model.checkpoint's, else built-in
     env: Env = section(Env)
     rollout: Rollout = section(Rollout)
     insight: Insight = section(Insight)

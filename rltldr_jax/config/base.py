@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import ml_collections
 
@@ -28,6 +28,8 @@ from rltldr_jax.engines.jax_engine import decode_group_error
 from rltldr_jax.envs.registry import CONTROLS, control_insight
 from rltldr_jax.envs.spec import env_name_error
 from rltldr_jax.loss_terms import LOSS_TERMS, terms_error
+from rltldr_jax.models import hub
+from rltldr_jax.models.lora import lora_error
 from rltldr_jax.settings import Settings, as_dict, value_errors
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import length_buckets_error
@@ -125,6 +127,8 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             errors.append(str(e))
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:
         errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
+    if c.model.lora.rank > 0:
+        errors += filter(None, [lora_error(c.model.lora.targets, c.model.lora.dropout)])
     # Rules that the library parts also enforce: each lives once, in the module that needs it.
     errors += filter(
         None,
@@ -220,13 +224,37 @@ def absolute_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+#: The `PATH_KEYS` naming an HF model or tokenizer, which also take a hub id `org/name[@revision]` (`model_path`).
+HUB_KEYS: dict[str, Literal["model", "tokenizer"]] = {
+    "model.checkpoint": "model",
+    "tokenizer": "tokenizer",
+    "insight.teacher.checkpoint": "model",
+    "insight.teacher.tokenizer": "tokenizer",
+}
+
+
+def model_path(value: str, what: Literal["model", "tokenizer"] = "model") -> str:
+    """`absolute_path` of a value naming an HF model (or tokenizer), where a hub id `org/name[@revision]` that is not
+    an existing local path is first resolved to its snapshot directory in the local HF cache, downloaded there if
+    needed (`rltldr_jax.models.hub.resolve`: `HubError` when it cannot be). A `DIR:STEP` is kept."""
+    return absolute_path(hub.resolve(value, what=what))
+
+
 def absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Makes every non-empty `PATH_KEYS` value absolute (relative to the current directory), in place; returns the
-    config. Launchers call it once, where the config enters (`ablations.resolve`)."""
+    """Makes every non-empty `PATH_KEYS` value absolute (relative to the current directory), and resolves a hub id
+    in a `HUB_KEYS` key to its local snapshot (`model_path`), in place; returns the config. Launchers call it once,
+    where the config enters (`ablations.resolve`, after validation). A hub id that cannot be resolved is a
+    ConfigError naming the key."""
     for key in PATH_KEYS:
         parent, _, leaf = key.rpartition(".")
         node = get(config, parent) if parent else config
-        node[leaf] = absolute_path(node[leaf])
+        if key in HUB_KEYS:
+            try:
+                node[leaf] = model_path(node[leaf], HUB_KEYS[key])
+            except hub.HubError as e:
+                raise ConfigError(f"{key}={node[leaf]!r}: {e}") from None
+        else:
+            node[leaf] = absolute_path(node[leaf])
     return config
 
 

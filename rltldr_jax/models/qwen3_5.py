@@ -118,10 +118,26 @@ class RowLinear(nnx.Module):
         return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False) -> nnx.Linear | RowLinear:
+class Linear(nnx.Linear):
+    """A bias-free `nnx.Linear` ([in, out] kernel, the stacked model's layers) that may hold a LoRA adapter
+    (`models/lora.py`): y = x·W + lora_scale · (x·A)·B. Without one (`lora` None, the default) it is `nnx.Linear`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lora = nnx.data(None)  # an `nnx.LoRA` once `lora.attach` adds one
+        self.lora_scale = 1.0  # α / r
+
+    def __call__(self, x: Array) -> Array:
+        y = super().__call__(x)
+        if self.lora is None:
+            return y
+        return y + (self.lora_scale * self.lora(x)).astype(y.dtype)
+
+
+def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs, rows: bool = False) -> Linear | RowLinear:
     if rows:
         return RowLinear(din, dout, dtype, param_dtype, rngs)
-    return nnx.Linear(
+    return Linear(
         din,
         dout,
         use_bias=False,

@@ -26,6 +26,7 @@ from rltldr_jax import distributed, sharding
 from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
+from rltldr_jax.models.lora import attach, merged, spec_of, split_trainable
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
@@ -51,26 +52,40 @@ def env_maker(config: Settings) -> Callable[[], Env]:
 
 def build_policy(config: Settings) -> Any:
     """The Qwen35 policy of `config.model`: `model.checkpoint`'s weights, or random ones for the tiny preset only
-    (a paper-size preset without weights fails here, saying where to get them)."""
+    (a paper-size preset without weights fails here, saying where to get them); with `model.lora.rank` > 0, LoRA
+    adapters attached (B = 0: the same policy until they train)."""
     dtype = getattr(jnp, config.model.dtype)
     param_dtype = getattr(jnp, config.model.param_dtype)
     if not config.model.checkpoint and config.model.preset != "tiny":
+        from rltldr_jax.models.presets import HUB_IDS
+
+        hub_id = HUB_IDS.get(config.model.preset)
+        weights = (
+            f"--config.model.checkpoint={hub_id} (the released weights, fetched into the HF cache; offline, run "
+            f"`hf download {hub_id}` on a machine with network first) or an HF directory of them"
+            if hub_id
+            else "an HF directory or hub id org/name[@revision] of weights of that architecture (or pretrain.steps > "
+            "0 to pretrain them)"
+        )
         raise ValueError(
-            f"model.preset={config.model.preset} needs model.checkpoint: the HF directory of the Qwen 3.5 weights "
-            "(e.g. `huggingface-cli download Qwen/Qwen3.5-9B --local-dir /ckpt/qwen3_5_9b` on a machine with "
-            "internet, then --config.model.checkpoint=/ckpt/qwen3_5_9b); "
-            "only the tiny preset starts from random weights"
+            f"model.preset={config.model.preset} needs model.checkpoint: {weights}; only the tiny preset starts "
+            "from random weights"
         )
     if config.model.checkpoint:
-        return load_pretrained(
+        model = load_pretrained(
             config.model.checkpoint,
             dtype=param_dtype,
             compute_dtype=dtype,
             remat=config.model.remat,
             allow_nonfinite=config.model.allow_nonfinite,
         )
-    spec = ModelSpec(get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat)
-    return spec.build(seed=config.seed)
+    else:
+        spec = ModelSpec(
+            get_preset(config.model.preset), dtype=dtype, param_dtype=param_dtype, remat=config.model.remat
+        )
+        model = spec.build(seed=config.seed)
+    lora = spec_of(config.model.lora)
+    return model if lora is None else attach(model, lora, seed=config.seed)
 
 
 def _sharded_train_step(
@@ -138,8 +153,10 @@ class ShardedUpdate:
         self.graphdef, params = nnx.split(model)
         p_sh = sharding.param_shardings(params, self.mesh)
         self.params = jax.device_put(params, p_sh)
-        o_sh = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, self.params), p_sh, self.mesh)
-        self.opt_state = jax.jit(tx.init, out_shardings=o_sh)(self.params)
+        # (with LoRA adapters the optimizer holds state for them alone: `lora.split_trainable`)
+        trainable, t_sh = split_trainable(self.params)[0], split_trainable(p_sh)[0]
+        o_sh = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, trainable), t_sh, self.mesh)
+        self.opt_state = jax.jit(tx.init, out_shardings=o_sh)(trainable)
         self.shardings = (p_sh, o_sh)
         b_sh = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))  # every TrainBatch field is [A, M, ...]
         self._batch_sharding = b_sh
@@ -179,6 +196,8 @@ class ShardedUpdate:
         return params, opt
 
     def model(self) -> Any:
-        """The current policy as a module (shares the arrays). In a multi-process job: a whole copy on this process's
-        first device, gathered from every process (`distributed.host_local`, a collective: every process calls it)."""
-        return nnx.merge(self.graphdef, distributed.host_local(self.params))
+        """The current policy as a module (shares the arrays); with LoRA adapters, a plain Qwen 3.5 with them merged
+        into its kernels (`lora.merged`: what engines and exports take). In a multi-process job: a whole copy on this
+        process's first device, gathered from every process (`distributed.host_local`, a collective: every process
+        calls it)."""
+        return merged(nnx.merge(self.graphdef, distributed.host_local(self.params)))

@@ -29,6 +29,7 @@ from flax import nnx, struct
 
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, LossTerm, TermInputs, combine, parse_terms
 from rltldr_jax.losses import safe_divide
+from rltldr_jax.models.lora import join_trainable, split_trainable
 from rltldr_jax.models.qwen3_5 import sequence_logprobs
 from rltldr_jax.settings import Loss, Optim, build, choices
 
@@ -323,11 +324,13 @@ def _micro_loss(
     counts: dict[str, jax.Array],
     loss_cfg: LossConfig,
     ref_logprobs: jax.Array | None = None,
+    frozen=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One micro-batch's Σ_k coef_k · sum_k / count_k (global counts) and every term's sums, keyed "{term}/sum" and
-    "{term}/{aux key}"; `ref_logprobs` go to the terms as `TermInputs.ref_logprobs`."""
+    "{term}/{aux key}"; `ref_logprobs` go to the terms as `TermInputs.ref_logprobs`. `params` are what trains; with
+    LoRA adapters, `frozen` the rest of the model (`lora.split_trainable`)."""
     terms = loss_cfg.loss_terms()
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     masks = mb["masks"]
     lp, entropy = sequence_logprobs(
         model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=_needed(masks, terms), segments=mb.get("segments")
@@ -355,6 +358,9 @@ def train_step(
     """Accumulates the gradients of the configured loss terms (`loss_cfg.terms`, §3: L = Σ_k coef_k · sum_k / count_k
     with count_k the token count of term k's mask over the whole batch) over the A micro-batches of `batch`, then
     applies one optimizer update.
+
+    A model with LoRA adapters (`models/lora.py`) trains only them: the gradients, the optimizer state (`opt_state`
+    is `tx.init` of `lora.split_trainable(params)[0]`) and the update cover the adapters, the base is a constant.
 
     A step whose loss or gradient norm is not finite changes nothing: the parameters and the optimizer state
     are returned as they came, and the metric `skipped_nonfinite` is 1 (else 0). A micro-batch without any loss
@@ -390,12 +396,11 @@ def train_step(
     detach = jnp.zeros(batch.advantages.shape, bool) if batch.detach_ratio is None else batch.detach_ratio
     counts = {t.name: jnp.sum(masks[t.mask]).astype(jnp.float32) for t in terms}
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+    params, frozen = split_trainable(params)
 
     def compute(mb):
-        if ref_params is None:
-            return grad_fn(params, graphdef, mb, counts, loss_cfg)
-        ref_logprobs = _reference_logprobs(ref_params, graphdef, mb, loss_cfg)
-        return grad_fn(params, graphdef, mb, counts, loss_cfg, ref_logprobs)
+        ref_logprobs = None if ref_params is None else _reference_logprobs(ref_params, graphdef, mb, loss_cfg)
+        return grad_fn(params, graphdef, mb, counts, loss_cfg, ref_logprobs, frozen)
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
@@ -428,6 +433,7 @@ def train_step(
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     params, opt_state = jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
+    params = join_trainable(params, frozen)
     metrics = {"loss": loss, "grad_norm": grad_norm}
     for t in terms:
         count = counts[t.name]
