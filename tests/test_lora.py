@@ -135,36 +135,142 @@ def _host(tree) -> list[np.ndarray]:
     return [np.array(x) for x in jax.tree.leaves(tree)]
 
 
-def test_a_tiny_lora_run_checkpoints_and_resumes_exactly(tmp_path):
-    """Two phases in one run vs one phase, then a resumed one: the same adapters and optimizer state, bit for bit;
-    the base as loaded in both."""
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    """A tiny LoRA run (rank 8) of two phases, and the same run stopped after one phase and resumed: their
+    workdirs, the first run's parameters before and after, and both runs' final parameters and optimizer states."""
     from rltldr_jax.train.loop import Trainer
 
+    tmp = tmp_path_factory.mktemp("lora_runs")
     overrides = {"model.lora.rank": 8, "model.lora.alpha": 16.0}
-    ref = Trainer(tiny_run_settings(str(tmp_path / "ref"), 2, overrides))
+    out = {"ref": str(tmp / "ref"), "run": str(tmp / "run")}
+    ref = Trainer(tiny_run_settings(out["ref"], 2, overrides))
     try:
-        start = {k: np.array(v[...]) for k, v in nnx.to_flat_state(ref.update.params)}
+        out["start"] = {k: np.array(v[...]) for k, v in nnx.to_flat_state(ref.update.params)}
         ref.run_phase()
         ref.run_phase()
-        ref_params, ref_opt = _host(ref.update.params), _host(ref.update.opt_state)
-        final = {k: np.array(v[...]) for k, v in nnx.to_flat_state(ref.update.params)}
+        out["ref_state"] = _host(ref.update.params) + _host(ref.update.opt_state)
+        out["final"] = {k: np.array(v[...]) for k, v in nnx.to_flat_state(ref.update.params)}
     finally:
         ref.close()
-    moved = {k for k in start if not np.array_equal(start[k], final[k])}
-    assert moved and all("lora" in k for k in moved)
-    workdir = str(tmp_path / "run")
-    stopped = Trainer(tiny_run_settings(workdir, 1, overrides))
+    stopped = Trainer(tiny_run_settings(out["run"], 1, overrides))
     try:
         stopped.run_phase()
     finally:
         stopped.close()
-    assert os.path.isdir(os.path.join(workdir, "checkpoints"))
-    resumed = Trainer(tiny_run_settings(workdir, 2, overrides), resume=True)
+    resumed = Trainer(tiny_run_settings(out["run"], 2, overrides), resume=True)
     try:
-        assert resumed.phase == 1
+        out["resumed_phase"] = resumed.phase
         resumed.run_phase()
-        params, opt = _host(resumed.update.params), _host(resumed.update.opt_state)
+        out["run_state"] = _host(resumed.update.params) + _host(resumed.update.opt_state)
     finally:
         resumed.close()
-    for a, b in zip(params + opt, ref_params + ref_opt, strict=True):
+    return out
+
+
+def test_a_tiny_lora_run_checkpoints_and_resumes_exactly(lora_runs):
+    """Two phases in one run vs one phase, then a resumed one: the same adapters and optimizer state, bit for bit;
+    only the adapters moved."""
+    moved = {k for k in lora_runs["start"] if not np.array_equal(lora_runs["start"][k], lora_runs["final"][k])}
+    assert moved and all("lora" in k for k in moved)
+    assert lora_runs["resumed_phase"] == 1
+    for a, b in zip(lora_runs["run_state"], lora_runs["ref_state"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_lora_runs_checkpoint_exports_as_adapter_or_merged_and_trains_on(lora_runs, tmp_path):
+    """export_hf of a LoRA run: refused without --adapter/--merge; a PEFT adapter that, as model.checkpoint over its
+    base (model.base_checkpoint), gives the run's policy (adapters kept at the same rank, merged at rank 0); merged
+    full weights with the same logits."""
+    from rltldr_jax.checkpoint import export_hf, restore_model
+    from rltldr_jax.models import load_pretrained, save_pretrained
+    from rltldr_jax.train.setup import build_policy
+
+    ckpts = os.path.join(lora_runs["ref"], "checkpoints")
+    step, trained = restore_model(ckpts, compute_dtype=jnp.float32)
+    assert lora.has_adapters(trained)
+    logits = np.asarray(trained(IDS % 200))
+    with pytest.raises(ValueError, match="holds LoRA adapters: export them as a PEFT adapter"):
+        export_hf(ckpts, None, tmp_path / "x")
+    assert export_hf(ckpts, None, tmp_path / "adapter", adapter="peft") == step
+    assert export_hf(ckpts, None, tmp_path / "merged", adapter="merge", dtype=jnp.float32) == step
+    merged_model = load_pretrained(str(tmp_path / "merged"), compute_dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(merged_model(IDS % 200)), logits, atol=1e-4)
+    save_pretrained(lora.without_adapters(trained), tmp_path / "base", dtype=jnp.float32)
+
+    def policy(rank: int):
+        overrides = {
+            "model.checkpoint": str(tmp_path / "adapter"),
+            "model.base_checkpoint": str(tmp_path / "base"),
+            "model.lora.rank": rank,
+            "model.dtype": "float32",
+        }
+        return build_policy(tiny_run_settings(str(tmp_path / "w"), 1, overrides))
+
+    again = policy(8)
+    assert lora.has_adapters(again) and lora.adapter_count(again) == lora.adapter_count(trained)
+    np.testing.assert_allclose(np.asarray(again(IDS % 200)), logits, atol=1e-5)
+    full = policy(0)
+    assert not lora.has_adapters(full)
+    np.testing.assert_allclose(np.asarray(full(IDS % 200)), logits, atol=1e-4)
+    with pytest.raises(ValueError, match="model.lora.rank=4 but the adapter .* has rank 8"):
+        policy(4)
+
+
+def test_the_export_launcher_writes_adapters_and_says_what_it_wrote(lora_runs, tmp_path, capsys):
+    from rltldr_jax.cli import export_hf
+
+    ckpts = os.path.join(lora_runs["ref"], "checkpoints")
+    assert export_hf.main([f"--checkpoint_dir={ckpts}", f"--out={tmp_path / 'a'}", "--adapter"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"to {tmp_path / 'a'} (PEFT adapter, float32)")
+    assert sorted(os.listdir(tmp_path / "a")) == [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS]
+    assert export_hf.main([f"--checkpoint_dir={ckpts}", f"--out={tmp_path / 'b'}"]) == 2
+    assert "holds LoRA adapters: export them as a PEFT adapter (--adapter)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export_hf.parse_args(["--checkpoint_dir=x", "--out=y", "--adapter", "--merge"])
+
+
+def test_an_exported_adapter_loads_in_peft_with_our_logits_and_back(tmp_path):
+    """save_adapter → transformers' Qwen 3.5 + peft: the same logits (fp32, ≤ 1e-4); load_adapter reads it back onto
+    our base exactly."""
+    import peft
+    import torch
+    import transformers
+
+    from rltldr_jax.models import load_pretrained, save_pretrained
+
+    model = _model()
+    save_pretrained(model, tmp_path / "base", dtype=jnp.float32)
+    lora.attach(model, lora.LoraSpec(rank=4, alpha=8.0), seed=3)
+    _perturb(model, 0.1)
+    ours = np.asarray(model(IDS))
+    modules = lora.save_adapter(model, tmp_path / "adapter", base_model=str(tmp_path / "base"))
+    # 3 DeltaNet layers × 5 projections + 1 attention layer × 4 + 4 MLPs × 3, by their HF names
+    assert (
+        len(modules) == 31 and "model.layers.3.self_attn.q_proj" in modules and "model.layers.2.mlp.up_proj" in modules
+    )
+    assert oct(os.stat(tmp_path / "adapter" / lora.ADAPTER_WEIGHTS).st_mode & 0o777) == "0o644"
+    with pytest.raises(ValueError, match="model holds no LoRA adapters"):
+        lora.save_adapter(_model(), tmp_path / "none")
+
+    base = transformers.Qwen3_5ForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32).eval()
+    peft_model = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        theirs = peft_model(torch.tensor(np.asarray(IDS), dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+
+    again = lora.load_adapter(load_pretrained(str(tmp_path / "base"), compute_dtype=jnp.float32), tmp_path / "adapter")
+    np.testing.assert_allclose(np.asarray(again(IDS)), ours, atol=1e-5)
+    for (_, a), (_, b) in zip(lora.linear_layers(again), lora.linear_layers(model), strict=True):
+        if b.lora is not None:
+            np.testing.assert_array_equal(np.asarray(a.lora.lora_b[...]), np.asarray(b.lora.lora_b[...]))
+            assert a.lora_scale == b.lora_scale
+    with pytest.raises(ValueError, match="holds LoRA adapters already"):
+        lora.load_adapter(again, tmp_path / "adapter")
+    # a plain HF export of a model with adapters is refused: merge them, or save the adapter
+    with pytest.raises(ValueError, match="holds LoRA adapters"):
+        save_pretrained(model, tmp_path / "full")
+    save_pretrained(lora.merged(model), tmp_path / "full", dtype=jnp.float32)
+    full = transformers.Qwen3_5ForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float32).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(full(torch.tensor(np.asarray(IDS))).logits.numpy(), ours, atol=1e-4)

@@ -3,6 +3,8 @@
     python launch/export_hf.py --checkpoint_dir=runs/sapi-rltldr/checkpoints --out=/tmp/qwen_rltldr
     python launch/export_hf.py --checkpoint_dir=... --step=120 --out=... --dtype=float32
     python launch/export_hf.py --checkpoint_dir=... --out=... --config_json=/ckpt/qwen3_5_9b/config.json
+    python launch/export_hf.py --checkpoint_dir=... --out=/tmp/adapter --adapter   # a LoRA run: a PEFT adapter
+    python launch/export_hf.py --checkpoint_dir=... --out=/tmp/merged --merge      # ... or merged full weights
 
 The architecture is read from the checkpoint (the trainer records `Qwen35Config.to_hf_dict()` at save time);
 --preset or --config_json give it for checkpoints saved without one (and must agree with a recorded one).
@@ -40,6 +42,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--allow_nonfinite", action="store_true", help="export even if the weights hold NaN/inf (refused by default)"
     )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run: write its adapters as a PEFT adapter directory (adapter_config.json + "
+        "adapter_model.safetensors) that peft loads onto the base model",
+    )
+    kind.add_argument("--merge", action="store_true", help="a LoRA run: write full weights with the adapters merged in")
+    p.add_argument(
+        "--base_model", default="", help="with --adapter: the base model's hub id or directory, recorded in the adapter"
+    )
     arch = p.add_mutually_exclusive_group()
     arch.add_argument(
         "--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none"
@@ -73,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             config=config,
             dtype=getattr(jnp, args.dtype),
             allow_nonfinite=args.allow_nonfinite,
+            adapter="peft" if args.adapter else "merge" if args.merge else None,
+            base_model=args.base_model,
         )
     except (FileNotFoundError, ValueError, CheckpointMismatchError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
@@ -85,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({args.dtype})")
+    what = "PEFT adapter, float32" if args.adapter else args.dtype + (", adapters merged" if args.merge else "")
+    print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({what})")
     return 0
 
 

@@ -203,6 +203,7 @@ PATH_KEYS = (
     "workdir",
     "tokenizer",
     "model.checkpoint",
+    "model.base_checkpoint",
     "insight.teacher.checkpoint",
     "insight.teacher.tokenizer",
     "engine.weight_sync_dir",
@@ -227,6 +228,7 @@ def absolute_path(path: str) -> str:
 #: The `PATH_KEYS` naming an HF model or tokenizer, which also take a hub id `org/name[@revision]` (`model_path`).
 HUB_KEYS: dict[str, Literal["model", "tokenizer"]] = {
     "model.checkpoint": "model",
+    "model.base_checkpoint": "model",
     "tokenizer": "tokenizer",
     "insight.teacher.checkpoint": "model",
     "insight.teacher.tokenizer": "tokenizer",

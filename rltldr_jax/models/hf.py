@@ -271,6 +271,17 @@ def load_pretrained(
 # ----------------------------------------------------------------------------------------------------
 
 
+def _refuse_adapters(model: Qwen35) -> None:
+    """A model with LoRA adapters has no HF text layout of its own (ValueError naming the two ways out)."""
+    from rltldr_jax.models.lora import has_adapters
+
+    if has_adapters(model):
+        raise ValueError(
+            "the model holds LoRA adapters, which an HF model directory has no place for: export `lora.merged(model)` "
+            "(full weights) or `lora.save_adapter(model, dir)` (a PEFT adapter)"
+        )
+
+
 def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
     """(HF text-layout name, host array) for every tensor of the model, in a stable order.
 
@@ -278,6 +289,7 @@ def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
       dtype: cast to this dtype on the way out; None keeps each parameter's dtype.
     """
     config = model.config
+    _refuse_adapters(model)
     for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         names, transform = hf_names(key, config)
         value = np.asarray(jax.device_get(var[...]))
@@ -309,7 +321,9 @@ def save_pretrained(model: Qwen35, path: str | os.PathLike, *, dtype=None, max_s
     Raises:
       PermissionError: `path` exists and is not writable (nothing is written), or its parent is not writable.
       NotADirectoryError: `path` exists and is not a directory.
+      ValueError: the model holds LoRA adapters (save `lora.merged(model)`, or the adapter: `lora.save_adapter`).
     """
+    _refuse_adapters(model)
     path = os.path.realpath(os.fspath(path))
     parent, name = os.path.split(path)
     exists = os.path.lexists(path)

@@ -50,6 +50,7 @@ TOKENIZER_FILES = (
 PATTERNS: dict[str, tuple[str, ...]] = {
     "model": (
         "config.json",
+        "adapter_config.json",  # (a PEFT LoRA adapter: adapter_config.json + adapter_model.safetensors)
         "generation_config.json",
         "*.safetensors",
         "*.safetensors.index.json",
@@ -57,7 +58,11 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     ),
     "tokenizer": TOKENIZER_FILES,
 }
-REQUIRED: dict[str, tuple[str, ...]] = {"model": ("config.json", "*.safetensors"), "tokenizer": ("tokenizer.json",)}
+#: Each entry: patterns of which one must match (a model's or a PEFT adapter's config).
+REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "model": (("config.json", "adapter_config.json"), ("*.safetensors",)),
+    "tokenizer": (("tokenizer.json",),),
+}
 
 #: `org/name[@revision]`: HF's repository name characters, one `/`, a revision of branch/tag characters or a hash.
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w.][\w./-]*))?")
@@ -124,7 +129,10 @@ def resolve(path_or_id: str, *, what: Literal["model", "tokenizer"] = "model") -
         return path_or_id
     repo, revision = parsed
     folder = _snapshot(path_or_id, repo, revision, what)
-    missing = [p for p in REQUIRED[what] if not glob.glob(os.path.join(glob.escape(folder), p))]
+    found = lambda pattern: glob.glob(os.path.join(glob.escape(folder), pattern))  # noqa: E731
+    missing = [
+        alts[0] + "".join(f" (or {a})" for a in alts[1:]) for alts in REQUIRED[what] if not any(found(p) for p in alts)
+    ]
     if missing:
         raise HubError(
             f"the snapshot of hub model {path_or_id} at {folder} has no {' or '.join(missing)}: "

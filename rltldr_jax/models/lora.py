@@ -25,12 +25,18 @@ names it).
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 import re
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rltldr_jax.models.qwen3_5 import Linear, Qwen35
@@ -97,9 +103,23 @@ def spec_of(lora: Any) -> LoraSpec | None:
     return LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=parse_targets(lora.targets))
 
 
+def _keyed_layers(model: nnx.Module) -> list[tuple[tuple[Any, ...], Linear]]:
+    """Every `Linear` layer of `model` with its path as a tuple (`("blocks", "runs", 1, "self_attn", "q_proj")`)."""
+    return [(tuple(path), m) for path, m in nnx.iter_graph(model) if isinstance(m, Linear)]
+
+
+def lora_spec_of_run(config: Mapping[str, Any] | None) -> LoraSpec | None:
+    """The `LoraSpec` of a run's recorded config (`as_dict(Settings)`, as checkpoints and summaries keep it), None
+    when it trained without adapters (or predates `model.lora`)."""
+    settings = ((config or {}).get("model") or {}).get("lora") or {}
+    if not settings.get("rank"):
+        return None
+    return LoraSpec(rank=settings["rank"], alpha=settings["alpha"], targets=parse_targets(settings.get("targets", "")))
+
+
 def linear_layers(model: nnx.Module) -> list[tuple[str, Linear]]:
     """Every `Linear` layer of `model` with its `/`-joined path, in graph order."""
-    return [("/".join(map(str, path)), m) for path, m in nnx.iter_graph(model) if isinstance(m, Linear)]
+    return [("/".join(map(str, key)), m) for key, m in _keyed_layers(model)]
 
 
 def targeted(model: nnx.Module, targets: Sequence[str]) -> list[tuple[str, Linear]]:
@@ -127,22 +147,26 @@ def attach(model: Qwen35, spec: LoraSpec, *, seed: int = 0, param_dtype=jnp.floa
         raise ValueError("the model holds LoRA adapters already: attach them once (or merge them first: `merged`)")
     rngs = nnx.Rngs(seed)
     for _, layer in layers:
-        *lead, din, dout = layer.kernel.shape
-        batch = tuple(range(len(lead)))  # (stacked layers: each gets its own He-uniform draw over its own fan-in)
-        init_a = nnx.initializers.variance_scaling(2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1, batch_axis=batch)
-
-        layer.lora = nnx.LoRA(
-            din,
-            spec.rank,
-            dout,
-            dtype=layer.dtype,
-            param_dtype=param_dtype,
-            a_initializer=lambda key, shape, dtype, lead=tuple(lead), init=init_a: init(key, (*lead, *shape), dtype),
-            b_initializer=lambda key, shape, dtype, lead=tuple(lead): jnp.zeros((*lead, *shape), dtype),
-            rngs=rngs,
-        )
-        layer.lora_scale = spec.scale
+        _add_adapter(layer, spec.rank, spec.scale, rngs, param_dtype)
     return model
+
+
+def _add_adapter(layer: Linear, rank: int, scale: float, rngs: nnx.Rngs, param_dtype) -> None:
+    """Gives `layer` an `nnx.LoRA` of `rank` (A He-uniform per stacked layer, B = 0) scaled by `scale`."""
+    *lead, din, dout = layer.kernel.shape
+    batch = tuple(range(len(lead)))  # (stacked layers: each gets its own He-uniform draw over its own fan-in)
+    init_a = nnx.initializers.variance_scaling(2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1, batch_axis=batch)
+    layer.lora = nnx.LoRA(
+        din,
+        rank,
+        dout,
+        dtype=layer.dtype,
+        param_dtype=param_dtype,
+        a_initializer=lambda key, shape, dtype, lead=tuple(lead), init=init_a: init(key, (*lead, *shape), dtype),
+        b_initializer=lambda key, shape, dtype, lead=tuple(lead): jnp.zeros((*lead, *shape), dtype),
+        rngs=rngs,
+    )
+    layer.lora_scale = scale
 
 
 def has_adapters(model: nnx.Module) -> bool:
@@ -173,6 +197,15 @@ def merged(model: Qwen35) -> Qwen35:
     return plain
 
 
+def without_adapters(model: Qwen35) -> Qwen35:
+    """A copy of `model` with its adapters dropped (the base as it was loaded: kernels unchanged)."""
+    graphdef, state = nnx.split(model)
+    plain = nnx.merge(graphdef, state)
+    for _, layer in linear_layers(plain):
+        layer.lora, layer.lora_scale = None, 1.0
+    return plain
+
+
 def adapter_state(model: nnx.Module) -> nnx.State:
     """The adapters' parameters (`nnx.LoRAParam`), keyed by their paths (`.../q_proj/lora/lora_a`)."""
     return nnx.state(model, nnx.LoRAParam)
@@ -195,3 +228,157 @@ def split_trainable(state: nnx.State) -> tuple[nnx.State, nnx.State | None]:
 def join_trainable(trainable: nnx.State, frozen: nnx.State | None) -> nnx.State:
     """The whole state from `split_trainable`'s parts."""
     return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+
+# ----------------------------------------------------------------------------------------------------
+# PEFT's adapter format
+# ----------------------------------------------------------------------------------------------------
+
+#: A PEFT adapter directory: its config and its weights.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: PEFT's prefix of the wrapped model's module names (`PeftModelForCausalLM.base_model.model`).
+PEFT_PREFIX = "base_model.model."
+
+
+def is_adapter_dir(path: str) -> bool:
+    """Whether `path` is a PEFT adapter directory (holds `adapter_config.json`)."""
+    return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
+
+def _module_names(key: tuple[Any, ...], layer: Linear, config: Any) -> list[tuple[tuple[int, ...], str]]:
+    """(index into the layer's stacked leading axes, HF module name) of every layer a `Linear` holds
+    (`model.layers.3.self_attn.q_proj`): one per stacked layer, or one with index () when not stacked."""
+    from rltldr_jax.models.hf import hf_names
+
+    names, _ = hf_names((*key, "kernel"), config)
+    if layer.kernel.ndim == 2:
+        return [((), names[0].removesuffix(".weight"))]
+    return [((b, j), name.removesuffix(".weight")) for b, row in enumerate(names) for j, name in enumerate(row)]
+
+
+def save_adapter(model: Qwen35, path: str | os.PathLike, *, base_model: str = "") -> list[str]:
+    """Writes `model`'s adapters as a PEFT LoRA adapter directory that `peft.PeftModel.from_pretrained(base, path)`
+    loads onto transformers' Qwen 3.5 with the same logits: `adapter_config.json` (r, lora_alpha = scale · r, the
+    adapted modules by their full HF names) and `adapter_model.safetensors` (`base_model.model.{module}.lora_A.weight`
+    [r, in] = Aᵀ and `.lora_B.weight` [out, r] = Bᵀ, float32). Written to a temporary directory beside `path`, then
+    renamed into place (an existing adapter directory is replaced as a whole). Returns the adapted module names.
+
+    Raises:
+      ValueError: the model holds no adapters, or adapters of different ranks or scales.
+    """
+    from safetensors.numpy import save_file
+
+    tensors: dict[str, np.ndarray] = {}
+    ranks, scales, modules = set(), set(), []
+    for key, layer in _keyed_layers(model):
+        if layer.lora is None:
+            continue
+        a = np.asarray(jax.device_get(layer.lora.lora_a[...]), np.float32)
+        b = np.asarray(jax.device_get(layer.lora.lora_b[...]), np.float32)
+        ranks.add(a.shape[-1])
+        scales.add(float(layer.lora_scale))
+        for index, module in _module_names(key, layer, model.config):
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a[index].T)
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(b[index].T)
+            modules.append(module)
+    if not modules:
+        raise ValueError("the model holds no LoRA adapters to save (train with model.lora.rank > 0)")
+    if len(ranks) > 1 or len(scales) > 1:
+        raise ValueError(f"adapters of several ranks {sorted(ranks)} or scales {sorted(scales)}: PEFT needs one")
+    (rank,), (scale,) = ranks, scales
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model or None,
+        "r": rank,
+        "lora_alpha": scale * rank,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o644)
+        os.chmod(tmp, 0o755)
+        if os.path.isdir(path):
+            old = f"{tmp}.old"
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(modules)
+
+
+def load_adapter(model: Qwen35, path: str | os.PathLike, *, param_dtype=jnp.float32) -> Qwen35:
+    """Attaches the PEFT LoRA adapter in `path` to `model` (in place; returns it): the inverse of `save_adapter`,
+    for adapters of this model's modules written by PEFT or by us. A stacked layer that the adapter leaves out gets
+    A = B = 0 (its output is unchanged).
+
+    Raises:
+      ValueError: not a LoRA adapter, per-module ranks or scales (`rank_pattern`, `alpha_pattern`), bias or
+        `modules_to_save` (weights beyond the adapters), tensors naming no module of this model, or a model that holds
+        adapters already.
+    """
+    from safetensors.numpy import load_file
+
+    path = os.fspath(path)
+    with open(os.path.join(path, ADAPTER_CONFIG), encoding="utf-8") as f:
+        cfg = json.load(f)
+    where = f"PEFT adapter {path}"
+    if cfg.get("peft_type") != "LORA":
+        raise ValueError(f"{where} is a {cfg.get('peft_type')!r} adapter: only LORA loads")
+    unsupported = [k for k in ("rank_pattern", "alpha_pattern") if cfg.get(k)]
+    unsupported += [k for k in ("modules_to_save",) if cfg.get(k)] + (
+        ["bias"] if cfg.get("bias", "none") != "none" else []
+    )
+    if unsupported:
+        raise ValueError(f"{where} uses {', '.join(unsupported)}, which this loader does not support")
+    if has_adapters(model):
+        raise ValueError("the model holds LoRA adapters already: load an adapter onto a base model")
+    rank = int(cfg["r"])
+    scale = float(cfg["lora_alpha"]) / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
+    tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS))
+    owner = {}  # HF module name -> (layer, stacked index)
+    for key, layer in _keyed_layers(model):
+        for index, module in _module_names(key, layer, model.config):
+            owner[module] = (layer, index)
+    values: dict[int, tuple[Linear, np.ndarray, np.ndarray]] = {}
+    for name, t in tensors.items():
+        module, _, kind = name.removeprefix(PEFT_PREFIX).rpartition(".lora_")
+        if module.endswith(".default"):  # (PEFT keeps the adapter's name in some versions' keys)
+            module = module.removesuffix(".default")
+        if module not in owner or kind not in ("A.weight", "B.weight"):
+            raise ValueError(f"{where}: tensor {name!r} names no linear layer of this model (a Qwen 3.5 adapter?)")
+        layer, index = owner[module]
+        if id(layer) not in values:
+            *lead, din, dout = layer.kernel.shape
+            values[id(layer)] = (
+                layer,
+                np.zeros((*lead, din, rank), np.float32),
+                np.zeros((*lead, rank, dout), np.float32),
+            )
+        _, a, b = values[id(layer)]
+        (a if kind == "A.weight" else b)[index] = t.T
+    rngs = nnx.Rngs(0)
+    for layer, a, b in values.values():
+        _add_adapter(layer, rank, scale, rngs, param_dtype)
+        layer.lora.lora_a[...] = jnp.asarray(a, param_dtype)
+        layer.lora.lora_b[...] = jnp.asarray(b, param_dtype)
+    return model

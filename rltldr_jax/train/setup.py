@@ -26,7 +26,7 @@ from rltldr_jax import distributed, sharding
 from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
-from rltldr_jax.models.lora import attach, merged, spec_of, split_trainable
+from rltldr_jax.models.lora import attach, is_adapter_dir, load_adapter, merged, spec_of, split_trainable
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
@@ -40,8 +40,12 @@ def workdir_of(config: Settings) -> str:
 
 
 def policy_tokenizer(config: Settings) -> Tokenizer:
-    """`config.tokenizer`, else the policy checkpoint's, else the built-in Qwen 3.5 tokenizer."""
-    return load_tokenizer(config.tokenizer or (config.model.checkpoint or None))
+    """`config.tokenizer`, else the policy checkpoint's (a PEFT adapter's own, else its base's), else the built-in
+    Qwen 3.5 tokenizer."""
+    source = config.model.checkpoint or None
+    if source and is_adapter_dir(source) and not os.path.isfile(os.path.join(source, "tokenizer.json")):
+        source = config.model.base_checkpoint or source
+    return load_tokenizer(config.tokenizer or source)
 
 
 def env_maker(config: Settings) -> Callable[[], Env]:
@@ -71,6 +75,8 @@ def build_policy(config: Settings) -> Any:
             f"model.preset={config.model.preset} needs model.checkpoint: {weights}; only the tiny preset starts "
             "from random weights"
         )
+    if is_adapter_dir(config.model.checkpoint):
+        return _adapted_policy(config, dtype, param_dtype)
     if config.model.checkpoint:
         model = load_pretrained(
             config.model.checkpoint,
@@ -86,6 +92,40 @@ def build_policy(config: Settings) -> Any:
         model = spec.build(seed=config.seed)
     lora = spec_of(config.model.lora)
     return model if lora is None else attach(model, lora, seed=config.seed)
+
+
+def _adapted_policy(config: Settings, dtype, param_dtype) -> Any:
+    """`build_policy` of a PEFT LoRA adapter directory as `model.checkpoint`: its base (`model.base_checkpoint`, else
+    the adapter's `base_model_name_or_path`) with the adapter attached; trained further as adapters when
+    `model.lora.rank` is the adapter's rank, else (rank 0) merged into the base, every weight trained."""
+    import json
+
+    from rltldr_jax.models import hub
+
+    adapter = config.model.checkpoint
+    with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+        recorded = json.load(f)
+    base = config.model.base_checkpoint or hub.resolve(recorded.get("base_model_name_or_path") or "")
+    if not base or not os.path.isfile(os.path.join(base, "config.json")):
+        raise ValueError(
+            f"model.checkpoint={adapter} is a PEFT adapter whose base model "
+            f"{base or '(not recorded)'} is no HF directory here: give --config.model.base_checkpoint=DIR (or a hub id)"
+        )
+    rank = config.model.lora.rank
+    if rank and rank != recorded.get("r"):
+        raise ValueError(
+            f"model.lora.rank={rank} but the adapter {adapter} has rank {recorded.get('r')}: set model.lora.rank to "
+            "it to train the adapter further, or 0 to merge it and train every weight"
+        )
+    model = load_pretrained(
+        base,
+        dtype=param_dtype,
+        compute_dtype=dtype,
+        remat=config.model.remat,
+        allow_nonfinite=config.model.allow_nonfinite,
+    )
+    model = load_adapter(model, adapter)
+    return model if rank else merged(model)
 
 
 def _sharded_train_step(
