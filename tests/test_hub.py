@@ -172,8 +172,9 @@ def test_an_uncached_id_offline_fails_in_one_line_with_the_fix(offline):
     with pytest.raises(HubError) as e:
         resolve("org/tok")
     assert str(e.value) == (
-        f"the snapshot of hub model org/tok at {offline['tok']} has no config.json (or adapter_config.json) or *.safetensors: run `hf download "
-        "org/tok` on a machine with network to complete the cache, or give a local directory"
+        f"the snapshot of hub model org/tok at {offline['tok']} has no config.json (or adapter_config.json) or "
+        "*.safetensors: run `hf download org/tok` on a machine with network to complete the cache, or give a local "
+        "directory"
     )
     # Through the config: a ConfigError naming the key, which the launchers print as one line.
     c = tiny_config({"insight.teacher.checkpoint": "org/missing"}, validate=False)
