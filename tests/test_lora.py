@@ -274,3 +274,21 @@ def test_an_exported_adapter_loads_in_peft_with_our_logits_and_back(tmp_path):
     full = transformers.Qwen3_5ForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float32).eval()
     with torch.no_grad():
         np.testing.assert_allclose(full(torch.tensor(np.asarray(IDS))).logits.numpy(), ours, atol=1e-4)
+
+
+def test_the_sync_benchmark_pushes_the_same_policy_both_ways(monkeypatch, tmp_path):
+    """benchmarks/lora_sync.py at the tiny preset: both pushes run and the adapter is the smaller file (no timing is
+    asserted); what a server ends with is the same policy either way."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))  # (the benchmarks import `common` as scripts)
+    import lora_sync
+
+    r = lora_sync.measure("tiny", 4, 1, str(tmp_path))
+    assert r["adapter_bytes"] < r["full_bytes"] and all(r[k] > 0 for k in ("export_full_s", "load_adapter_s"))
+    from rltldr_jax.models import load_pretrained
+
+    full = load_pretrained(str(tmp_path / "full"), compute_dtype=jnp.float32)
+    base = load_pretrained(str(tmp_path / "base"), compute_dtype=jnp.float32)
+    adapted = lora.load_adapter(base, tmp_path / "adapter")
+    # (bf16 weights: the merged export rounds W + ΔW once, the adapter path adds ΔW to the rounded W)
+    np.testing.assert_allclose(np.asarray(adapted(IDS % 200)), np.asarray(full(IDS % 200)), atol=0.05)
