@@ -26,8 +26,7 @@ import tempfile
 import jax.numpy as jnp
 from common import best_of
 
-from rltldr_jax.models import ModelSpec, get_preset, load_pretrained, save_pretrained
-from rltldr_jax.models import lora
+from rltldr_jax.models import ModelSpec, get_preset, load_pretrained, lora, save_pretrained
 
 
 def _bytes(path: str) -> int:
