@@ -63,6 +63,7 @@ UPSTREAM_FIELDS = {
         "stream": 3,
         "return_logprob": 4,
         "logprob_start_len": 6,
+        "lora_path": 8,
         "rid": 7,
     },
     "GenerateResponse": {"output_ids": 1, "meta_info": 2, "finished": 3},
@@ -481,16 +482,17 @@ def test_serve_refuses_bad_flags_in_one_line(serve_module, capsys, flag, message
 KEY = "s3cret-key-for-tests"
 
 
-@pytest.fixture
-def keyed_server(checkpoints):
-    """An in-process server on m0 (gRPC and HTTP admin, as launch/serve.py runs them) that requires the API key KEY."""
-    tmp, _ = checkpoints
+def _in_process_server(path: str, api_key: str | None = None):
+    """An in-process server on the checkpoint `path` (gRPC and HTTP admin, as launch/serve.py runs them): yields
+    (gRPC address, HTTP base URL, service)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    model = load_pretrained(str(tmp / "m0"))  # its own copy: pushes must not change the fixture's models
+    model = load_pretrained(path)  # its own copy: pushes must not change the fixture's models
     engine = JaxEngine(model, max_batch=1, max_len=64)
-    service = EngineService(engine, model_path=str(tmp / "m0"), fingerprint=weights_fingerprint(model), api_key=KEY)
+    service = EngineService(
+        engine, model_path=path, fingerprint=weights_fingerprint(model), api_key=api_key, base=model
+    )
     server, port = asyncio.run_coroutine_threadsafe(start_server(service), loop).result()
     http = start_http_admin(service, loop, "127.0.0.1", 0)
     try:
@@ -501,6 +503,79 @@ def keyed_server(checkpoints):
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         engine.close()
+
+
+@pytest.fixture
+def keyed_server(checkpoints):
+    """An in-process server on m0 that requires the API key KEY."""
+    tmp, _ = checkpoints
+    yield from _in_process_server(str(tmp / "m0"), KEY)
+
+
+@pytest.fixture
+def plain_server(checkpoints):
+    """An in-process server on m0, without a key."""
+    tmp, _ = checkpoints
+    yield from _in_process_server(str(tmp / "m0"))
+
+
+def _post_json(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_server_serves_a_lora_adapter_as_sglang_does(plain_server, checkpoints, tmp_path):
+    """POST /load_lora_adapter of a PEFT adapter (ours): requests naming it sample from base + adapter (their logprobs
+    are the merged model's teacher-forced ones), a request naming another adapter or none is refused with the fix,
+    a bad adapter keeps what is served, /unload_lora_adapter serves the base again."""
+    from flax import nnx
+
+    from rltldr_jax.models import lora
+
+    address, http, service = plain_server
+    tmp, models = checkpoints
+    adapted = lora.attach(load_pretrained(str(tmp / "m0")), lora.LoraSpec(rank=4, alpha=8.0))
+    state = lora.adapter_state(adapted)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree.leaves(state))))
+    nnx.update(adapted, jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), state))
+    lora.save_adapter(adapted, tmp_path / "adapter")
+    prompt = _prompts(1, seed=3)[0]
+
+    def generate(stub, lora_path=None):
+        request = pb.GenerateRequest(
+            input_ids=list(prompt),
+            sampling_params=pb.SamplingParams(max_new_tokens=4, temperature=1.0, seed=5),
+            return_logprob=True,
+            **({} if lora_path is None else {"lora_path": lora_path}),
+        )
+        (response,) = list(stub.Generate(request, timeout=120))
+        logprobs = json.loads(response.meta_info["output_token_logprobs"])
+        return list(response.output_ids), np.array([lp for lp, _, _ in logprobs])
+
+    missing = {"lora_name": "v1", "lora_path": str(tmp_path / "nothing")}
+    assert _post_json(f"{http}/load_lora_adapter", missing)[0] == 400 and service.adapter is None
+    status, reply = _post_json(f"{http}/load_lora_adapter", {**missing, "lora_path": str(tmp_path / "adapter")})
+    assert status == 200 and reply["success"], reply
+    with grpc.insecure_channel(address) as channel:
+        stub = pb.Stub(channel)
+        assert json.loads(stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).json_info)["lora_adapter"] == "v1"
+        tokens, logprobs = generate(stub, "v1")
+        np.testing.assert_allclose(logprobs, _teacher_forced(lora.merged(adapted), list(prompt), tokens), atol=2e-4)
+        for name, code in ((None, grpc.StatusCode.FAILED_PRECONDITION), ("v0", grpc.StatusCode.NOT_FOUND)):
+            with pytest.raises(grpc.RpcError) as error:
+                generate(stub, name)
+            assert error.value.code() == code and "v1" in error.value.details()
+        assert _post_json(f"{http}/unload_lora_adapter", {"lora_name": "v0"})[0] == 400
+        assert _post_json(f"{http}/unload_lora_adapter", {"lora_name": "v1"}) == (
+            200,
+            {"success": True, "message": "unloaded LoRA adapter v1"},
+        )
+        tokens, logprobs = generate(stub)
+        np.testing.assert_allclose(logprobs, _teacher_forced(models["m0"], list(prompt), tokens), atol=2e-4)
 
 
 def _post(url: str, body: dict, headers: dict) -> int:
@@ -605,3 +680,75 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
     real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
     assert real.returncode != 0
     assert "SGLang is not installed" in real.stderr or "no CUDA GPU" in real.stderr
+
+
+def test_a_lora_policy_is_pushed_as_adapters_and_sampled_from_them(checkpoints, tmp_path):
+    """SglangClient with a LoRA policy (takes_adapters: the servers' HTTP URLs given): ensure_weights verifies the
+    base and loads the adapters, each update pushes only the adapters (a PEFT directory, not the model) under a
+    versioned name, requests name them, results carry the version, and the logprobs are the merged policy's."""
+    import contextlib
+
+    from flax import nnx
+
+    from rltldr_jax.models import lora
+
+    tmp, models = checkpoints
+    with contextlib.ExitStack() as stack:
+        pair = [stack.enter_context(contextlib.contextmanager(_in_process_server)(str(tmp / "m0"))) for _ in range(2)]
+        policy = lora.attach(load_pretrained(str(tmp / "m0")), lora.LoraSpec(rank=4, alpha=8.0))
+        client = stack.enter_context(
+            SglangClient([a for a, _, _ in pair], http_urls=[h for _, h, _ in pair], weight_dir=tmp_path / "sync")
+        )
+        assert client.takes_adapters
+        assert client.ensure_weights(policy, 0) == "verified"  # (the base: the servers' own weights)
+        assert client.adapter == "policy-v000000" and all(s.adapter == "policy-v000000" for _, _, s in pair)
+        prompts = _prompts(4, seed=7)
+        for version in (1, 2):
+            state = lora.adapter_state(policy)
+            keys = iter(jax.random.split(jax.random.key(version), len(jax.tree.leaves(state))))
+            nnx.update(policy, jax.tree.map(lambda x, k=keys: x + 0.2 * jax.random.normal(next(k), x.shape), state))
+            client.update_weights(policy, version)
+            assert sorted(os.listdir(tmp_path / "sync"))[-1] == f"a{version:06d}"
+            assert sorted(os.listdir(tmp_path / "sync" / f"a{version:06d}")) == [
+                lora.ADAPTER_CONFIG,
+                lora.ADAPTER_WEIGHTS,
+            ]
+            assert all(s.adapter == f"policy-v{version:06d}" for _, _, s in pair)
+            results = client.generate_many(
+                [GenerationRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in enumerate(prompts)]
+            )
+            merged = lora.merged(policy)
+            assert {r.weight_version for r in results} == {version}
+            assert sum(client.served_counts().values()) >= len(prompts)
+            for p, r in zip(prompts, results, strict=True):
+                np.testing.assert_allclose(r.logprobs, _teacher_forced(merged, list(p), list(r.token_ids)), atol=2e-4)
+        # a server that lost its weights behind the client's back (restarted from others) and left the rotation gets
+        # the base (kept on disk) and the current adapter again before it returns
+        address, http, service = pair[1]
+        assert _post_json(f"{http}/update_weights_from_disk", {"model_path": str(tmp / "m2")})[0] == 200
+        assert service.adapter is None
+        server = next(s for s in client._servers if s.address == address)
+        client._loop.call_soon_threadsafe(client._take_out, server, "lost its weights (test)")
+        deadline = time.monotonic() + 120
+        while client.returns()[address] == 0:
+            assert time.monotonic() < deadline, "the server did not return to rotation"
+            time.sleep(0.2)
+        assert service.adapter == "policy-v000002" and service.model_path == str(tmp / "m0")
+        with grpc.insecure_channel(address) as channel:
+            request = pb.GenerateRequest(
+                input_ids=list(prompts[0]),
+                sampling_params=pb.SamplingParams(max_new_tokens=3, temperature=1.0, seed=1),
+                return_logprob=True,
+                lora_path="policy-v000002",
+            )
+            (response,) = list(pb.Stub(channel).Generate(request, timeout=120))
+        logprobs = [lp for lp, _, _ in json.loads(response.meta_info["output_token_logprobs"])]
+        expected = _teacher_forced(merged, list(prompts[0]), list(response.output_ids))
+        np.testing.assert_allclose(logprobs, expected, atol=2e-4)
+        # a full push replaces the servers' weights: requests name no adapter again
+        client.push_weights(tmp / "m1", 3)
+        assert client.adapter is None and all(s.adapter is None for _, _, s in pair)
+        (r,) = client.generate_many([GenerationRequest(prompts[0], SamplingParams(max_new_tokens=2, seed=0))])
+        np.testing.assert_allclose(
+            r.logprobs, _teacher_forced(models["m1"], list(prompts[0]), list(r.token_ids)), atol=2e-4
+        )

@@ -31,7 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LEN = 2048  # the tiny preset's rollout.max_context_tokens
 
 
-def _serve(tmp: str, name: str, seed: int) -> tuple[subprocess.Popen, str, object]:
+def _serve(tmp: str, name: str, seed: int, *, http: bool = False) -> tuple[subprocess.Popen, str, object]:
+    """A launch/serve.py server of the tiny preset (`seed`); its gRPC address (with `http`: "GRPC HTTP-URL")."""
     port_file = os.path.join(tmp, f"{name}.port")
     log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 — closed by the fixture
     cmd = [
@@ -44,6 +45,7 @@ def _serve(tmp: str, name: str, seed: int) -> tuple[subprocess.Popen, str, objec
         "--max_batch=4",
         f"--max_len={MAX_LEN}",
         "--no_warmup",
+        *(["--http_port=0"] if http else []),
     ]
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.monotonic() + 300
@@ -52,7 +54,9 @@ def _serve(tmp: str, name: str, seed: int) -> tuple[subprocess.Popen, str, objec
             process.kill()
             raise RuntimeError(f"server failed to start:\n{open(log.name).read()[-3000:]}")
         time.sleep(0.2)
-    return process, f"127.0.0.1:{open(port_file).read().split()[0]}", log
+    ports = open(port_file).read().split()
+    address = f"127.0.0.1:{ports[0]}" + (f" http://127.0.0.1:{ports[1]}" if http else "")
+    return process, address, log
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +172,38 @@ def test_the_guard_reads_the_first_minibatch():
     check_logprob_gap({"logprob_gap": float("nan"), "grpo_tokens": 5.0}, 0.1, phase=0)  # the NaN guard's business
     with pytest.raises(LogprobGapError, match=r"phase 4: .* by \+0\.2000 nats .*train.max_logprob_gap=0.1"):
         check_logprob_gap({"logprob_gap": 0.2, "grpo_tokens": 5.0}, 0.1, phase=3)
+
+
+def test_a_lora_run_pushes_its_base_once_then_only_adapters(tmp_path_factory, tmp_path):
+    """A LoRA run (rank 8) on servers with HTTP admin (engine.http_servers: the client takes adapters): at start the
+    base is pushed (the servers hold other weights), then each phase pushes only the adapters (a000001, not a
+    v000001 model), and the servers sample from base + adapters: the logprob gap stays at the numerical floor in the
+    second phase, after the adapters trained."""
+    tmp = str(tmp_path_factory.mktemp("lora_servers"))
+    started = [_serve(tmp, name, seed=7, http=True) for name in ("a", "b")]
+    try:
+        grpc_addresses, http_urls = zip(*(address.split() for _, address, _ in started), strict=True)
+        overrides = {
+            "engine.kind": "grpc",
+            "engine.servers": ",".join(grpc_addresses),
+            "engine.http_servers": ",".join(http_urls),
+            "rollout.max_steps": 1,
+            "model.lora.rank": 8,
+        }
+        trainer = Trainer(tiny_run_settings(str(tmp_path / "run"), 2, overrides))
+        try:
+            assert trainer.engine.takes_adapters and trainer.initial_weights == "pushed"
+            trainer.run_phase()
+            second = trainer.run_phase()
+            assert trainer.engine.adapter == "policy-v000002"
+        finally:
+            trainer.close()
+    finally:
+        for process, _, log in started:
+            process.kill()
+            process.wait()
+            log.close()
+    # the base stays on disk while adapters sit on it (a server returning to rotation gets it again); a000000 is gone
+    assert sorted(os.listdir(tmp_path / "run" / "weights")) == ["a000001", "a000002", "v000000"]
+    assert second["update/grpo_tokens"] > 0
+    assert abs(second["update/first_minibatch/logprob_gap"]) < 1e-4

@@ -210,7 +210,7 @@ def build_engine(args: argparse.Namespace):
         decode_steps=args.decode_steps,
         decode_group=args.decode_group,
     )
-    return engine, dtype, fingerprint
+    return engine, dtype, fingerprint, model
 
 
 def warm_up(engine) -> None:
@@ -230,7 +230,7 @@ def warm_up(engine) -> None:
 async def serve(args: argparse.Namespace) -> None:
     from rltldr_jax.engines.server import EngineService, start_http_admin, start_server
 
-    engine, dtype, fingerprint = build_engine(args)
+    engine, dtype, fingerprint, model = build_engine(args)
     if not args.no_warmup:
         warm_up(engine)
     service = EngineService(
@@ -239,6 +239,7 @@ async def serve(args: argparse.Namespace) -> None:
         param_dtype=dtype,
         fingerprint=fingerprint,
         api_key=args.api_key,
+        base=model,
     )
     warning = exposure_warning(args)
     if warning:

@@ -109,6 +109,9 @@ class GenerationEngine(abc.ABC):
 
     max_batch: int = 0
     _base_weight_version: int = 0
+    #: Whether `update_weights` / `ensure_weights` accept a policy with LoRA adapters (`models.lora`) and push only
+    #: the adapters; otherwise the trainer hands over the merged policy.
+    takes_adapters: bool = False
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult:

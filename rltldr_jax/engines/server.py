@@ -20,6 +20,13 @@ SGLang server started with `--grpc-port --skip-tokenizer-init`:
 - `PauseGeneration` ("abort" — the default, as SGLang's — | "in_place" | "retract"), `ContinueGeneration`,
   `Abort` (one rid or all), `FlushCache` (no prefix cache here: always succeeds), `HealthCheck`,
   `GetModelInfo`, `GetLoad`.
+- LoRA adapters, as SGLang serves them: HTTP `POST /load_lora_adapter {"lora_name", "lora_path"}` (a PEFT adapter
+  directory, `models.lora.save_adapter`'s) and `POST /unload_lora_adapter {"lora_name"}`; a `Generate` request
+  names the adapter it samples from in `lora_path`. This server holds one adapter at a time, merged into the base
+  weights it loaded last (at start or by `UpdateWeightsFromDisk`): loading another replaces it; a request naming
+  another adapter ends NOT_FOUND, and while an adapter is loaded a request naming none ends FAILED_PRECONDITION
+  (SGLang would sample from the base: here the base is not served beside the adapter). `GetModelInfo` says which
+  (`lora_adapter`).
 - `GetModelInfo`'s JSON adds `weights_fingerprint` (`models.fingerprint.weights_fingerprint` of the served
   weights, recomputed on every update) and `param_dtype`, so a trainer can check at start that the server already
   serves its weights instead of pushing them (SGLang reports no fingerprint: the trainer pushes).
@@ -121,6 +128,7 @@ class EngineService:
       fingerprint: `weights_fingerprint` of the weights the engine started with (None: not reported until the
         first update).
       api_key: when set, every RPC must carry it (`sglang_proto.auth_metadata`) or ends UNAUTHENTICATED.
+      base: the model the engine serves at start (needed to load LoRA adapters onto: `load_lora_adapter`), or None.
     """
 
     def __init__(
@@ -131,8 +139,11 @@ class EngineService:
         param_dtype: Any = jnp.float32,
         fingerprint: str | None = None,
         api_key: str | None = None,
+        base: Any = None,
     ):
         self.engine = engine
+        self.base = base  # the plain model adapters are merged into (replaced by every full update)
+        self.adapter: str | None = None  # the name of the loaded LoRA adapter, if any
         self.model_path = model_path
         self.param_dtype = param_dtype
         self.fingerprint = fingerprint
@@ -182,6 +193,18 @@ class EngineService:
         if request.HasField("logprob_start_len") and request.logprob_start_len >= 0:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "input-token logprobs (logprob_start_len >= 0) are not supported"
+            )
+        named = request.lora_path if request.HasField("lora_path") else ""
+        if named != (self.adapter or ""):
+            if named:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"LoRA adapter {named!r} is not loaded (this server serves {self.adapter or 'no adapter'}): "
+                    "load it first (POST /load_lora_adapter)",
+                )
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this server serves LoRA adapter {self.adapter!r}: name it in lora_path (or unload it)",
             )
         rid = request.rid if request.HasField("rid") and request.rid else uuid.uuid4().hex
         try:
@@ -239,8 +262,41 @@ class EngineService:
             fingerprint = await asyncio.to_thread(weights_fingerprint, model)
             self.engine.update_weights(model, version)
             self.model_path, self.fingerprint = os.fspath(model_path), fingerprint
+            self.base, self.adapter = model, None
         log.info("weights updated from %s, version %d", model_path, version)
         return True, f"loaded {model_path} as version {version}"
+
+    async def load_lora_adapter(self, name: str, path: str) -> tuple[bool, str]:
+        """Serves the base merged with the PEFT adapter in `path` under `name` (replacing any loaded adapter); returns
+        (success, message). Failures keep what was served."""
+        from rltldr_jax.models.lora import load_adapter, merged, without_adapters
+
+        if self.base is None:
+            return False, "this server was started without its base model: it cannot load LoRA adapters"
+        if not name:
+            return False, "lora_name is empty: name the adapter (requests then say lora_path=NAME)"
+        async with self._update_lock:
+            try:
+                model = await asyncio.to_thread(
+                    lambda: merged(load_adapter(without_adapters(self.base), path, param_dtype=self.param_dtype))
+                )
+            except Exception as e:  # noqa: BLE001 — any load failure keeps what is served, and is reported
+                return False, f"could not load LoRA adapter {path!r}: {type(e).__name__}: {e}"
+            fingerprint = await asyncio.to_thread(weights_fingerprint, model)
+            self.engine.update_weights(model, self.engine.weight_version)
+            self.adapter, self.fingerprint = name, fingerprint
+        log.info("LoRA adapter %s loaded from %s", name, path)
+        return True, f"loaded LoRA adapter {name} from {path}"
+
+    async def unload_lora_adapter(self, name: str) -> tuple[bool, str]:
+        """Stops serving the adapter `name` (the base is served again); returns (success, message)."""
+        async with self._update_lock:
+            if name != self.adapter:
+                return False, f"LoRA adapter {name!r} is not loaded (loaded: {self.adapter or 'none'})"
+            fingerprint = await asyncio.to_thread(weights_fingerprint, self.base)
+            self.engine.update_weights(self.base, self.engine.weight_version)
+            self.adapter, self.fingerprint = None, fingerprint
+        return True, f"unloaded LoRA adapter {name}"
 
     async def PauseGeneration(self, request, context):
         mode = request.mode or "abort"
@@ -274,6 +330,7 @@ class EngineService:
             "config": self.engine.config.to_hf_dict(),
             "weights_fingerprint": self.fingerprint,
             "param_dtype": jnp.dtype(self.param_dtype).name,
+            "lora_adapter": self.adapter,
         }
         return pb.GetModelInfoResponse(model_path=self.model_path, json_info=json.dumps(info))
 
@@ -297,7 +354,8 @@ async def start_server(service: EngineService, host: str = "127.0.0.1", port: in
 def start_http_admin(
     service: EngineService, loop: asyncio.AbstractEventLoop, host: str, port: int
 ) -> ThreadingHTTPServer:
-    """SGLang's HTTP weight-update endpoint, `POST /update_weights_from_disk`, plus `GET /health`.
+    """SGLang's HTTP weight-update endpoints, `POST /update_weights_from_disk`, `/load_lora_adapter` and
+    `/unload_lora_adapter`, plus `GET /health`.
 
     With the service's API key, a POST needs `Authorization: Bearer KEY` (401 otherwise); `GET /health` is open.
 
@@ -332,20 +390,29 @@ def start_http_admin(
                         "message": f"missing or wrong API key (header Authorization: Bearer KEY); set {pb.API_KEY_ENV}",
                     },
                 )
-            if self.path != "/update_weights_from_disk":
+            needs = {
+                "/update_weights_from_disk": ("model_path",),
+                "/load_lora_adapter": ("lora_name", "lora_path"),
+                "/unload_lora_adapter": ("lora_name",),
+            }
+            if self.path not in needs:
                 return self._reply(404, {"success": False, "message": f"no POST {self.path}"})
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                model_path = body["model_path"]
-            except (ValueError, KeyError) as e:
+                args = [str(body[key]) for key in needs[self.path]]
+            except (ValueError, KeyError, TypeError) as e:
+                keys = " and ".join(needs[self.path])
                 return self._reply(
-                    400, {"success": False, "message": f"bad request body ({e!r}); send JSON with model_path"}
+                    400, {"success": False, "message": f"bad request body ({e!r}); send JSON with {keys}"}
                 )
-            version = body.get("weight_version")
-            future = asyncio.run_coroutine_threadsafe(
-                service.update_from_disk(model_path, None if version is None else str(version)), loop
-            )
-            ok, message = future.result()
+            if self.path == "/update_weights_from_disk":
+                version = body.get("weight_version")
+                update = service.update_from_disk(args[0], None if version is None else str(version))
+            elif self.path == "/load_lora_adapter":
+                update = service.load_lora_adapter(*args)
+            else:
+                update = service.unload_lora_adapter(*args)
+            ok, message = asyncio.run_coroutine_threadsafe(update, loop).result()
             self._reply(200 if ok else 400, {"success": ok, "message": message})
 
         def log_message(self, fmt, *args):

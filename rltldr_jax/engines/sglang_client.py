@@ -41,6 +41,13 @@ episodes over them:
   rotation (it would serve stale weights); if every server fails, the push raises and the version stays.
   Afterwards every result of a request submitted after the push must report that version; one that does
   not raises `StaleWeightsError`.
+- LoRA (`takes_adapters`, when every server has an HTTP URL): `update_weights` of a model with adapters
+  (`models.lora`) exports only them, as a PEFT directory `{weight_dir}/a{version:06d}`, and loads them on every live
+  server as the adapter `policy-v{version:06d}` (`POST /load_lora_adapter`, the one it replaces unloaded); later
+  requests name it (`lora_path`), and their results carry that version (the servers refuse a request naming an
+  adapter they do not hold, so no stale sample can pass). `ensure_weights` of such a model makes the servers serve
+  its base (as below), then pushes its adapters. A server returning to rotation changed gets the base (the last full
+  push, kept on disk for this) and the current adapter again.
 - Start-up (`ensure_weights`): the trainer's weights are pushed as its current version unless every server
   proves it serves them (launch/serve.py reports a weights fingerprint; SGLang does not, so there the push is
   skipped only when the caller assumes it, config `engine.assume_initial_weights`).
@@ -72,7 +79,7 @@ from flax import nnx
 
 from rltldr_jax.engines import sglang_proto as pb
 from rltldr_jax.engines.engine import GenerationEngine, GenerationRequest, GenerationResult
-from rltldr_jax.engines.weight_push import WeightPusher
+from rltldr_jax.engines.weight_push import WeightPusher, adapter_name
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +240,9 @@ class SglangClient(GenerationEngine):
         # per server param dtype (None: the trainer's own), and the checkpoint directory to push to it otherwise.
         self._fingerprints: dict[str | None, str] = {}
         self._checkpoint: str | None = None
+        self._checkpoint_is_adapter = False
+        self._base_checkpoint: str | None = None  # the last full push: what the current adapter sits on
+        self._adapter: str | None = None  # the LoRA adapter requests sample from (`lora_path`), if any
         self._background: set[asyncio.Task] = set()
         self._rng = np.random.default_rng()
         self.retries = 0  # attempts that failed and were sent again (for metrics)
@@ -255,6 +265,16 @@ class SglangClient(GenerationEngine):
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def takes_adapters(self) -> bool:  # type: ignore[override]
+        """LoRA adapters are pushed alone when every server has an HTTP URL (`/load_lora_adapter` is HTTP)."""
+        return all(s.http_url for s in self._servers)
+
+    @property
+    def adapter(self) -> str | None:
+        """The name of the LoRA adapter requests sample from (None: the servers' weights alone)."""
+        return self._adapter
 
     @property
     def weight_update(self) -> Literal["grpc", "http"]:
@@ -293,14 +313,31 @@ class SglangClient(GenerationEngine):
         return self._call(gather())
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Exports `params` (a model, or an nnx.State with `graphdef`) and pushes them to every live server."""
+        """Exports `params` (a model, or an nnx.State with `graphdef`) and pushes them to every live server; a model
+        with LoRA adapters pushes only its adapters (module doc)."""
+        from rltldr_jax.models.lora import has_adapters
+
+        if isinstance(params, nnx.Module) and has_adapters(params):
+            if not self.takes_adapters:
+                raise ValueError(
+                    "pushing LoRA adapters needs every server's HTTP URL (engine.http_servers); or push the merged "
+                    "model (models.lora.merged)"
+                )
+            path = self.pusher.export_adapter(params, version)
+            try:
+                self._call(self._push(path, int(version), adapter=True))
+            except BaseException:
+                self.pusher.discard(path)
+                raise
+            self.pusher.retain(path, protect=self._base_checkpoint)
+            return
         path = self.pusher.export(params, version)
         try:
             self.push_weights(path, version)
         except BaseException:
             self.pusher.discard(path)  # no server uses it
             raise
-        self.pusher.retain(path)
+        self.pusher.retain(path, protect=path)
 
     def ensure_weights(self, model: nnx.Module, version: int, *, assume: bool = False) -> str:
         """Makes every live server serve `model` as `version` before the first phase (fresh or resumed run).
@@ -315,7 +352,12 @@ class SglangClient(GenerationEngine):
           "verified" (every server proved it), "assumed" (no push, some servers unknown) or "pushed".
         """
         from rltldr_jax.models.fingerprint import weights_fingerprint
+        from rltldr_jax.models.lora import has_adapters, without_adapters
 
+        if has_adapters(model):  # the base first (verified or pushed), then the adapters on top
+            outcome = self.ensure_weights(without_adapters(model), version, assume=assume)
+            self.update_weights(model, version)
+            return outcome
         infos = self._call(self._model_infos())
         ours: dict[str | None, str] = {}
         differ, unknown = [], []
@@ -338,6 +380,9 @@ class SglangClient(GenerationEngine):
         if not differ and (assume or not unknown):
             self._version = int(version)
             self._fingerprints = dict(ours)
+            paths = {str(info.get("model_path") or "") for info in infos.values()}
+            if len(paths) == 1 and os.path.isdir(path := paths.pop()):  # (what a LoRA adapter sits on: its base)
+                self._base_checkpoint = path
             for server in self._servers:
                 if server.address in infos:
                     self._record(server, infos[server.address])
@@ -576,7 +621,16 @@ class SglangClient(GenerationEngine):
                 f"it serves {why}, not the current version {self._version}'s weights, and no checkpoint of them is on "
                 "disk to push (restart it from the trainer's current weights)"
             )
-        info = await self._push_one(server, self._checkpoint, self._version)
+        if self._checkpoint_is_adapter:  # (it may have restarted from other weights: the base first)
+            if self._base_checkpoint is None:
+                raise RuntimeError(
+                    f"it serves {why}, and the base the current LoRA adapter sits on was never pushed, so it cannot "
+                    "be restored (restart it from the trainer's base weights)"
+                )
+            await self._push_one(server, self._base_checkpoint, self._version)
+        info = await self._push_one(
+            server, self._checkpoint, self._version, adapter=self._checkpoint_is_adapter, reload=True
+        )
         self._record(server, info or {"weight_version": str(self._version)})
         return f"it served {why}: pushed {self._checkpoint} as version {self._version}"
 
@@ -590,8 +644,14 @@ class SglangClient(GenerationEngine):
             stop_token_ids=p.stop_token_ids,  # ignore_eos stays unset: in SGLang it would disable these too
             seed=seed,
         )
+        adapter = {"lora_path": self._adapter} if self._adapter else {}
         return pb.GenerateRequest(
-            input_ids=request.prompt_ids, sampling_params=sampling, stream=False, return_logprob=True, rid=rid
+            input_ids=request.prompt_ids,
+            sampling_params=sampling,
+            stream=False,
+            return_logprob=True,
+            rid=rid,
+            **adapter,
         )
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
@@ -607,10 +667,14 @@ class SglangClient(GenerationEngine):
             rid = f"{request.request_id}#{failures + aborts}"
             server.outstanding += 1
             try:
-                final = await self._attempt(server, self._message(request, seed, rid))
+                message = self._message(request, seed, rid)
+                final = await self._attempt(server, message)
                 if final is None or not final.finished:
                     raise _Unfinished(f"the stream from {server.address} ended before the request finished")
                 result = parse_response(final, request.request_id)
+                if message.HasField("lora_path") and result.finish_reason != "abort":
+                    # (the server sampled from the adapter this request named: the version it was pushed as)
+                    result = dataclasses.replace(result, weight_version=submitted_version)
             except (grpc.aio.AioRpcError, _Unfinished) as e:
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else grpc.StatusCode.UNAVAILABLE
                 if code not in RETRYABLE:
@@ -684,7 +748,7 @@ class SglangClient(GenerationEngine):
         infos = await asyncio.gather(*(self._model_info(s) for s in live))
         return dict(zip((s.address for s in live), infos, strict=True))
 
-    async def _push(self, model_path: str, version: int) -> None:
+    async def _push(self, model_path: str, version: int, *, adapter: bool = False) -> None:
         async with self._push_lock:
             live = [s for s in self._servers if s.alive]
             if not live:
@@ -692,7 +756,7 @@ class SglangClient(GenerationEngine):
             self._no_push.clear()
             try:
                 outcomes = await asyncio.gather(
-                    *(self._push_one(s, model_path, version) for s in live), return_exceptions=True
+                    *(self._push_one(s, model_path, version, adapter=adapter) for s in live), return_exceptions=True
                 )
             finally:
                 self._no_push.set()
@@ -713,6 +777,10 @@ class SglangClient(GenerationEngine):
                 raise NoServerError(f"weight push of {model_path} left no live server")
             # Servers out of rotation get this checkpoint when they return (they wait for the push lock).
             self._version, self._checkpoint, self._fingerprints = version, model_path, {}
+            self._checkpoint_is_adapter = adapter
+            if not adapter:
+                self._base_checkpoint = model_path
+            self._adapter = adapter_name(version) if adapter else None  # (a full push: the servers' own weights)
             for server, outcome in zip(live, outcomes, strict=True):
                 if server.alive and not isinstance(outcome, BaseException):
                     info = outcome or {"weight_version": str(version)}  # None: an HTTP push (SGLang)
@@ -721,9 +789,23 @@ class SglangClient(GenerationEngine):
                         self._fingerprints.setdefault(info.get("param_dtype") or None, server.fingerprint)
             log.info("pushed %s as version %d to %d servers", model_path, version, len(self.live_servers))
 
-    async def _push_one(self, server: _Server, model_path: str, version: int) -> dict[str, Any] | None:
-        """`WeightPusher.push_one` on one server (pause → update → continue); a server that cannot be continued
-        leaves the rotation. Returns the server's `GetModelInfo` after a gRPC update (None over HTTP)."""
+    async def _push_one(
+        self, server: _Server, model_path: str, version: int, *, adapter: bool = False, reload: bool = False
+    ) -> dict[str, Any] | None:
+        """`WeightPusher.push_one` on one server (pause → update → continue), or with `adapter` its
+        `push_adapter_one` (the adapter directory `model_path` as `adapter_name(version)`); a server that cannot be
+        continued leaves the rotation. Returns the server's `GetModelInfo` after a gRPC update (None over HTTP)."""
+        if adapter:
+            await self.pusher.push_adapter_one(
+                server.stub,
+                server.http_url,
+                model_path,
+                adapter_name(version),
+                None if reload else self._adapter,
+                lambda reason: self._take_out(server, reason),
+                reload=reload,
+            )
+            return None
         return await self.pusher.push_one(
             server.stub,
             server.http_url,

@@ -11,6 +11,11 @@ rotation, the version every later result must report); a `WeightPusher` does wha
   (`weight_update="grpc"`; a server whose `GetModelInfo` does not show the version afterwards fails with advice),
   or SGLang's HTTP `POST /update_weights_from_disk {"model_path", "weight_version"}` (`weight_update="http"`:
   SGLang's native gRPC message has no version field). Continue is always attempted.
+- LoRA adapters: `export_adapter(model, version)` writes a policy's adapters as a PEFT directory
+  `{weight_dir}/a{version:06d}` (`models.lora.save_adapter`: megabytes, not the model), and `push_adapter_one` loads
+  it on one server as the adapter named `adapter_name(version)`: pause → HTTP `POST /load_lora_adapter
+  {"lora_name", "lora_path"}` (SGLang's; launch/serve.py offers it too) → continue, then `POST
+  /unload_lora_adapter` of the adapter it replaces (best effort). Requests name the adapter they sample from.
 """
 
 from __future__ import annotations
@@ -92,11 +97,79 @@ class WeightPusher:
         os.replace(tmp, path)
         return path
 
-    def retain(self, path: str) -> None:
-        """Keeps an exported checkpoint that servers now use; deletes the oldest beyond `keep_exports`."""
+    def export_adapter(self, model: Any, version: int) -> str:
+        """Writes the LoRA adapters of `model` as the PEFT adapter directory of `version`; its path."""
+        from rltldr_jax.models.lora import save_adapter
+
+        if self.weight_dir is None:
+            raise ValueError(
+                "update_weights needs weight_dir: a directory every server can read (engine.weight_sync_dir)"
+            )
+        path = os.path.join(self.weight_dir, f"a{int(version):06d}")
+        save_adapter(model, path)  # (written beside, then renamed into place)
+        return path
+
+    async def push_adapter_one(
+        self,
+        stub: Any,
+        http_url: str | None,
+        adapter_path: str,
+        name: str,
+        replaces: str | None,
+        on_stuck: Callable[[str], None],
+        *,
+        reload: bool = False,
+    ) -> None:
+        """pause → load the adapter in `adapter_path` as `name` → continue on one server (SGLang's HTTP URL
+        `http_url`), then unload `replaces` (best effort: SGLang keeps adapters until unloaded, launch/serve.py holds
+        one); raises the load's error after continuing. `reload`: unload `name` first (best effort), for a server that
+        may hold an older adapter of that name (one returning to rotation)."""
+        if not http_url:
+            raise ValueError("pushing LoRA adapters needs the servers' HTTP URLs (engine.http_servers)")
+        error: BaseException | None = None
+        try:
+            await stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=600.0)
+            if reload:
+                await asyncio.to_thread(
+                    post_json, f"{http_url}/unload_lora_adapter", {"lora_name": name}, api_key=self._api_key
+                )
+            body = {"lora_name": name, "lora_path": adapter_path}
+            ok, message = await asyncio.to_thread(
+                post_json, f"{http_url}/load_lora_adapter", body, api_key=self._api_key
+            )
+            if not ok:
+                raise RuntimeError(f"loading LoRA adapter {name} refused: {message}")
+        except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
+            error = e
+        await self._continue(stub, on_stuck)
+        if error is not None:
+            raise error
+        if replaces and replaces != name:
+            await asyncio.to_thread(
+                post_json, f"{http_url}/unload_lora_adapter", {"lora_name": replaces}, api_key=self._api_key
+            )
+
+    async def _continue(self, stub: Any, on_stuck: Callable[[str], None]) -> None:
+        """ContinueGeneration, three tries; then `on_stuck(reason)` (a paused server would pass health checks but
+        never answer) and the error is raised."""
+        for attempt in range(3):
+            try:
+                await stub.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=60.0)
+                return
+            except grpc.aio.AioRpcError as e:
+                if attempt == 2:
+                    on_stuck(f"it could not be continued after a push: {e.code().name}")
+                    raise
+
+    def retain(self, path: str, *, protect: str | None = None) -> None:
+        """Keeps an exported checkpoint that servers now use; deletes the oldest beyond `keep_exports`, except
+        `protect` (the base a LoRA adapter is pushed onto: a server returning to rotation needs it again)."""
         self._exports.append(path)
-        while len(self._exports) > self.keep_exports:
-            shutil.rmtree(self._exports.pop(0), ignore_errors=True)
+        old = [p for p in self._exports if p != protect]
+        while len(old) > self.keep_exports:
+            gone = old.pop(0)
+            self._exports.remove(gone)
+            shutil.rmtree(gone, ignore_errors=True)
 
     @staticmethod
     def discard(path: str) -> None:
@@ -143,17 +216,18 @@ class WeightPusher:
                     raise RuntimeError(f"update refused: {message}")
         except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
             error = e
-        for attempt in range(3):
-            try:
-                await stub.ContinueGeneration(pb.ContinueGenerationRequest(), timeout=60.0)
-                break
-            except grpc.aio.AioRpcError as e:
-                if attempt == 2:
-                    on_stuck(f"it could not be continued after a push: {e.code().name}")
-                    error = error or e
+        try:
+            await self._continue(stub, on_stuck)
+        except grpc.aio.AioRpcError as e:
+            error = error or e
         if error is not None:
             raise error
         return info
+
+
+def adapter_name(version: int) -> str:
+    """The name a pushed LoRA adapter is loaded under on the servers (requests' `lora_path`): one per version."""
+    return f"policy-v{int(version):06d}"
 
 
 def post_json(

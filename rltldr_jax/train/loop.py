@@ -181,6 +181,8 @@ class Trainer:
             if is_main_process()
             else OnMainProcess("the policy engine")
         )
+        if self.engine.takes_adapters:  # (servers get the base and, on top, the adapters)
+            policy = self.update.model(merge=False)
         self.initial_weights = ensure_served(
             self.engine, policy, self.version, assume=self.engine_config.assume_initial_weights
         )
@@ -432,7 +434,7 @@ class Trainer:
             wait_s = time.time() - t0
         t0 = time.time()
         self.version = self.phase + 1
-        self.engine.update_weights(self.update.model(), self.version)
+        self.engine.update_weights(self.update.model(merge=not self.engine.takes_adapters), self.version)
         sync_s = time.time() - t0
         records = attempt_records(result)
         self.env_steps += result.env_steps

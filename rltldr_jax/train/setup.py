@@ -235,9 +235,11 @@ class ShardedUpdate:
         opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.opt_state, o_sh)
         return params, opt
 
-    def model(self) -> Any:
+    def model(self, *, merge: bool = True) -> Any:
         """The current policy as a module (shares the arrays); with LoRA adapters, a plain Qwen 3.5 with them merged
-        into its kernels (`lora.merged`: what engines and exports take). In a multi-process job: a whole copy on this
-        process's first device, gathered from every process (`distributed.host_local`, a collective: every process
-        calls it)."""
-        return merged(nnx.merge(self.graphdef, distributed.host_local(self.params)))
+        into its kernels (`lora.merged`: what most engines and exports take), or with `merge=False` the model with
+        its adapters (for an engine that `takes_adapters`). In a multi-process job: a whole copy on this process's
+        first device, gathered from every process (`distributed.host_local`, a collective: every process calls
+        it)."""
+        model = nnx.merge(self.graphdef, distributed.host_local(self.params))
+        return merged(model) if merge else model
