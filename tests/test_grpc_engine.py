@@ -667,6 +667,13 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
     assert dry[2].endswith(
         "engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001"
     )
+    lora = subprocess.run(
+        [sys.executable, script, "--model_path=/ckpt/q", "--lora_rank=16", "--dry_run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" in lora
     keyed = subprocess.run(
         [sys.executable, script, "--model_path=/ckpt/q", "--dry_run"],
         capture_output=True,

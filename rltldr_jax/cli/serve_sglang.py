@@ -61,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--http_port", type=int, default=30000, help="HTTP port of server 0 (server i: +i)")
     p.add_argument("--grpc_port", type=int, default=40000, help="gRPC port of server 0 (server i: +i)")
+    p.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="serve LoRA adapters up to this rank (the trainer's model.lora.rank; 0: none): SGLang --enable-lora "
+        "--max-lora-rank R --lora-target-modules all --max-loras-per-batch 2 (the current adapter and the one a push "
+        "replaces)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype")
     p.add_argument("--mem_fraction_static", type=float, default=0.85, help="SGLang --mem-fraction-static")
     p.add_argument("--context_length", type=int, help="SGLang --context-length (default: the model's)")
@@ -111,6 +119,9 @@ def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list
         ]
         if args.context_length:
             argv += ["--context-length", str(args.context_length)]
+        if args.lora_rank:
+            argv += ["--enable-lora", "--max-lora-rank", str(args.lora_rank), "--lora-target-modules", "all"]
+            argv += ["--max-loras-per-batch", "2"]
         if os.environ.get(API_KEY_ENV):
             argv += ["--api-key", os.environ[API_KEY_ENV]]
         commands.append(({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, argv + list(args.extra)))
