@@ -86,6 +86,24 @@ def tiny_run_settings(workdir: str, phases: int = 1, overrides: dict[str, Any] |
     return settings_of(tiny_run_config(workdir, phases, overrides))
 
 
+def step_example(advantage: float = 1.0, old_logprob_at_8: float = -2.0, length: int = 16) -> Example:
+    """One example of `length` (16) tokens over a 256-token vocabulary: insight tokens at 4..7 (SFT targets), action
+    tokens from 8 on (GRPO targets); sampler logprobs -2 (`old_logprob_at_8` at position 8)."""
+    old = np.full(length, -2.0, np.float32)
+    old[8] = old_logprob_at_8
+    positions = np.arange(length)
+    return Example(
+        ids=(positions * 7 + 3).astype(np.int32) % 256,
+        old_logprobs=old,
+        action_mask=positions >= 8,
+        insight_mask=(positions >= 4) & (positions < 8),
+        advantage=advantage,
+        task_id="t",
+        attempt=1,
+        step=0,
+    )
+
+
 def small_term_model():
     """A tiny random Qwen 3.5 with a 256-token vocabulary (4 layers): the loss-term tests' model."""
     return ModelSpec(

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_config, tiny_run_settings
+from helpers import step_example, tiny_config, tiny_run_settings
 
 from rltldr_jax.config import base
 from rltldr_jax.models import ModelSpec, get_preset, lora
@@ -88,22 +88,6 @@ def test_targets_choose_the_layers_and_bad_ones_are_one_line():
     tiny_config({"model.lora.targets": "(q_proj"})  # (rank 0: no adapters, nothing to check)
 
 
-def _example(advantage: float) -> object:
-    from rltldr_jax.agent.step_examples import Example
-
-    positions = np.arange(T)
-    return Example(
-        ids=(positions * 7 + 3).astype(np.int32) % 256,
-        old_logprobs=np.full(T, -2.0, np.float32),
-        action_mask=positions >= 8,
-        insight_mask=(positions >= 4) & (positions < 8),
-        advantage=advantage,
-        task_id="t",
-        attempt=1,
-        step=0,
-    )
-
-
 def test_a_train_step_moves_the_adapters_alone():
     model = lora.attach(_model(), lora.LoraSpec(rank=4))
     _perturb(model)  # (B ≠ 0: A gets a gradient too)
@@ -113,7 +97,7 @@ def test_a_train_step_moves_the_adapters_alone():
     # AdamW's two moments per adapter, and a step count: nothing for the base
     moments = [x for x in jax.tree.leaves(update.opt_state) if np.ndim(x) > 0]
     assert len(moments) == 2 * len(adapters) and len(adapters) == 2 * 15
-    (batch,) = pack([_example(1.0), _example(-1.0)], micro_batch_size=1, grad_accum_steps=2, pad_to_multiple=T)
+    (batch,) = pack([step_example(1.0), step_example(-1.0)], micro_batch_size=1, grad_accum_steps=2, pad_to_multiple=T)
     metrics = update.step(batch)
     assert float(metrics["skipped_nonfinite"]) == 0.0 and float(metrics["grad_norm"]) > 0
     after = {k: np.array(v[...]) for k, v in nnx.to_flat_state(update.params)}

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import tiny_config
+from helpers import step_example, tiny_config
 
 from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.models import ModelSpec, get_preset
@@ -62,19 +62,7 @@ def _update(model, config) -> ShardedUpdate:
 
 def _example(advantage: float = 1.0, old_logprob_at_8: float = -2.0) -> Example:
     """Insight tokens at 4..7 (SFT targets), action tokens at 8..15 (GRPO targets)."""
-    old = np.full(T, -2.0, np.float32)
-    old[8] = old_logprob_at_8
-    positions = np.arange(T)
-    return Example(
-        ids=(positions * 7 + 3).astype(np.int32) % 256,
-        old_logprobs=old,
-        action_mask=positions >= 8,
-        insight_mask=(positions >= 4) & (positions < 8),
-        advantage=advantage,
-        task_id="t",
-        attempt=1,
-        step=0,
-    )
+    return step_example(advantage, old_logprob_at_8, length=T)
 
 
 def _host(tree) -> list[np.ndarray]:

@@ -130,12 +130,9 @@ class WeightPusher:
         try:
             await stub.PauseGeneration(pb.PauseGenerationRequest(mode=self.pause_mode), timeout=600.0)
             if reload:
-                await asyncio.to_thread(
-                    post_json, f"{http_url}/unload_lora_adapter", {"lora_name": name}, api_key=self._api_key
-                )
-            body = {"lora_name": name, "lora_path": adapter_path}
-            ok, message = await asyncio.to_thread(
-                post_json, f"{http_url}/load_lora_adapter", body, api_key=self._api_key
+                await self._post(f"{http_url}/unload_lora_adapter", {"lora_name": name})
+            ok, message = await self._post(
+                f"{http_url}/load_lora_adapter", {"lora_name": name, "lora_path": adapter_path}
             )
             if not ok:
                 raise RuntimeError(f"loading LoRA adapter {name} refused: {message}")
@@ -145,9 +142,11 @@ class WeightPusher:
         if error is not None:
             raise error
         if replaces and replaces != name:
-            await asyncio.to_thread(
-                post_json, f"{http_url}/unload_lora_adapter", {"lora_name": replaces}, api_key=self._api_key
-            )
+            await self._post(f"{http_url}/unload_lora_adapter", {"lora_name": replaces})
+
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[bool, str]:
+        """`post_json` with the servers' API key, off the event loop."""
+        return await asyncio.to_thread(post_json, url, body, api_key=self._api_key)
 
     async def _continue(self, stub: Any, on_stuck: Callable[[str], None]) -> None:
         """ContinueGeneration, three tries; then `on_stuck(reason)` (a paused server would pass health checks but
@@ -209,9 +208,7 @@ class WeightPusher:
                     )
             else:
                 body = {"model_path": model_path, "weight_version": str(version), "flush_cache": True}
-                ok, message = await asyncio.to_thread(
-                    post_json, f"{http_url}/update_weights_from_disk", body, api_key=self._api_key
-                )
+                ok, message = await self._post(f"{http_url}/update_weights_from_disk", body)
                 if not ok:
                     raise RuntimeError(f"update refused: {message}")
         except BaseException as e:  # noqa: BLE001 — re-raised below, after continuing
