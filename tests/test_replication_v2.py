@@ -32,6 +32,7 @@ def test_every_arm_differs_from_rltldr_exactly_in_its_keys_and_no_two_arms_are_o
         "grpo_hot": {"insight.schedule", "loss.lam", "rollout.temperature", "train.max_logprob_gap"},
         "sft_rollouts": {"mode"},  # (sft.data is "rollouts" by default)
         "sftldr": {"mode", "sft.data"},
+        "rltldr_lora": {"model.lora.rank"},
     }
     assert set(expected) | {"rltldr"} == set(v2.ARMS) == set(v2.GRID_SEEDS)
     flats = {arm: _flat(as_dict(v2.arm_config("default", arm, 0))) for arm in v2.ARMS}
@@ -47,6 +48,9 @@ def test_every_arm_differs_from_rltldr_exactly_in_its_keys_and_no_two_arms_are_o
     assert rltldr.pretrain.write_prob > 0 and rltldr.pretrain.reword_prob > 0 and rltldr.eval.select_on == "valid"
     assert v2.arm_config("default", "strict_control", 0).insight.source == "uninformative"
     assert v2.arm_config("default", "grpo_k64", 0).rollout.group_size == 64
+    # the LoRA arm: added after the pre-registration, not in the default grid, on rltldr's seeds
+    assert "rltldr_lora" not in v2.GRIDS["default"][0] and len(v2.PREREGISTERED_ARMS) == len(v2.ARMS) - 1
+    assert v2.GRID_SEEDS["rltldr_lora"] == v2.GRID_SEEDS["rltldr"]
     # every arm of a seed shares its base policy, which differs by seed and from round one's
     from rltldr_jax.config import replicate as round_one
 
