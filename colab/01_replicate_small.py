@@ -400,9 +400,13 @@ print(f"Pass@1: launch/eval.py {report['metrics']['eval/pass@1/all']:.3f}, train
 # and shrink only the sizes: 4 phases of 4 tasks × 4 attempts, at most 6 actions of 384 tokens per attempt, contexts
 # up to 4096 tokens, the embedded JAX engine (`engine.kind=jax`; SGLang is not used on Colab).
 # `loss.sft_on_filtered=True` keeps L_SFT on all-failure groups (a small model fails most SAPI tasks; not in the
-# paper). Float32 weights with AdamW state and gradients take about 13 GB, so the run needs an accelerator with
-# about 15 GB available to JAX: an L4 or A100 GPU, or a TPU v5e/v6e. A T4 is too small. These sizes and
-# memory figures are estimates: this section has not been run on a GPU or TPU yet.
+# paper). The paper fine-tunes every weight; here the policy trains **LoRA adapters** (rank 16 on every attention,
+# DeltaNet and MLP projection, `model.lora.rank=16`) over a bfloat16 base, at 10× the paper's learning rate (LoRA's
+# usual practice; not in the paper, not tuned here). The memory plan (`benchmarks/plan_memory.py --lora_table`, CPU
+# proxy, ±10–20 %) puts this step at 6.6 GiB on one device at 4 × 4,096 tokens, against 20.4 GiB for full fine-tuning
+# in float32: a T4 (16 GB) has room, though its bfloat16 is emulated (slow); an L4, A100 or a TPU is faster. The
+# weights come straight from the hub id (`model.checkpoint=Qwen/Qwen3.5-0.8B`, fetched into the HF cache). This
+# section has not been run on a GPU or TPU yet.
 #
 # The next cell prints the equivalent `launch/train.py` command. It skips the run and says why in test mode,
 # without a GPU or TPU, when there is too little memory (set `QWEN_FORCE = True` to try anyway), or offline.
@@ -414,11 +418,15 @@ import jax
 
 QWEN_HUB_ID = "Qwen/Qwen3.5-0.8B"
 QWEN_WORKDIR = os.path.join(REPO_ROOT, "runs", "colab-qwen3_5_0_8b")
-QWEN_MIN_MEMORY_GB = 15
+QWEN_MIN_MEMORY_GB = 8  # the plan's 6.6 GiB peak and some headroom
 QWEN_FORCE = False
-QWEN_OVERRIDES = {  # on top of configs/sapi.py (the paper's setup); model.checkpoint is set after the download
+QWEN_OVERRIDES = {  # on top of configs/sapi.py (the paper's setup)
     "workdir": QWEN_WORKDIR,
     "model.preset": "qwen3_5_0_8b",
+    "model.checkpoint": QWEN_HUB_ID,
+    "model.lora.rank": 16,
+    "model.param_dtype": "bfloat16",
+    "optim.learning_rate": 3e-5,
     "engine.kind": "jax",
     "engine.max_batch": 8,
     "rollout.thinking": False,
@@ -442,7 +450,7 @@ QWEN_OVERRIDES = {  # on top of configs/sapi.py (the paper's setup); model.check
     "eval.attempts_per_task": 4,
 }
 print(
-    "the same run from the shell:\n  python launch/train.py --config=configs/sapi.py --config.model.checkpoint=DIR "
+    "the same run from the shell:\n  python launch/train.py --config=configs/sapi.py "
     + " ".join(f"--config.{k}={v}" for k, v in QWEN_OVERRIDES.items())
 )
 
@@ -474,12 +482,11 @@ print("\nQwen 3.5 0.8B: " + ("running" if RUN_QWEN else "skipped, because\n  - "
 
 # %%
 if RUN_QWEN:
-    from huggingface_hub import snapshot_download
+    from rltldr_jax.config.ablations import resolve
 
-    qwen_dir = snapshot_download(QWEN_HUB_ID, allow_patterns=["*.json", "*.safetensors", "*.txt"])
     qwen_config = load("configs/sapi.py:paper")
-    base.override(qwen_config, {**QWEN_OVERRIDES, "model.checkpoint": qwen_dir})
-    qwen_config = settings_of(base.validate(qwen_config))
+    base.override(qwen_config, QWEN_OVERRIDES)
+    qwen_config = resolve(qwen_config)  # (validated; the hub id resolved to its snapshot in the HF cache)
     if os.path.isdir(QWEN_WORKDIR):
         shutil.rmtree(QWEN_WORKDIR)
     qwen_trainer = Trainer(qwen_config, progress=True)
