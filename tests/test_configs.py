@@ -219,3 +219,34 @@ def test_launcher_lists_ablations():
     r = _train("--list_ablations")
     assert r.returncode == 0
     assert len(r.stdout.strip().splitlines()) == len(ablations.ABLATIONS)
+
+
+def test_a_preset_that_contradicts_the_checkpoint_is_flagged_before_any_weights_load(tmp_path, caplog):
+    """model.preset against model.checkpoint's config.json, in validation (so `--dry_run` too): another preset's
+    architecture is refused naming it; one that is no preset's is accepted with a warning; a broken config.json is
+    one line. Only config.json is read (the directories below hold no weights)."""
+    import dataclasses
+    import json
+    import logging
+
+    from rltldr_jax.models import get_preset
+
+    def checkpoint(name, arch):
+        os.makedirs(tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps(arch.to_hf_dict()))
+        return str(tmp_path / name)
+
+    tiny = checkpoint("tiny", get_preset("tiny"))
+    c = _config("sapi")  # model.preset = qwen3_5_9b
+    c.model.checkpoint = tiny
+    with pytest.raises(base.ConfigError, match=r"model.preset=qwen3_5_9b but model.checkpoint=.*/tiny is the tiny "):
+        base.validate(c)
+    c.model.preset = "tiny"
+    base.validate(c)
+    c.model.checkpoint = checkpoint("mine", dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=()))
+    with caplog.at_level(logging.WARNING):
+        base.validate(c)
+    assert "is not the architecture of model.preset=tiny (num_hidden_layers 2 vs 8" in caplog.text
+    (tmp_path / "mine" / "config.json").write_text("{not json")
+    with pytest.raises(base.ConfigError, match=r"model.checkpoint: .*/mine/config.json is not a usable Qwen 3.5"):
+        base.validate(c)

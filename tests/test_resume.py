@@ -60,8 +60,8 @@ def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
     _touch(os.path.join(workdir, part))
     refused = rf"^{re.escape(workdir)} already holds a run \(.*\): continue it with --resume, start over with --restart"
     with pytest.raises(RunExistsError, match=refused):
-        Trainer(_config(workdir, 1))  # refused before anything is built or written (but the workdir's lock file)
-    assert sorted(os.listdir(workdir)) == [".lock", part.split("/")[0]]
+        Trainer(_config(workdir, 1))  # refused before anything is built or written (its lock file is removed)
+    assert sorted(os.listdir(workdir)) == [part.split("/")[0]]
     moved = prepare_workdir(workdir, resume=False, restart=True)  # what Trainer(restart=True) does first
     assert moved.startswith(f"{workdir}.old-") and os.path.isfile(os.path.join(moved, part))
     assert os.listdir(workdir) == []
@@ -72,6 +72,39 @@ def test_a_new_run_never_mixes_with_an_old_one(tmp_path, part):
     with pytest.raises(ValueError, match="give one of them"):
         prepare_workdir(workdir, resume=True, restart=True)
     assert prepare_workdir(str(tmp_path / "other"), resume=False, restart=False) is None  # an empty workdir is fine
+
+
+def test_a_failed_start_leaves_the_workdir_as_it_found_it(tmp_path, caplog):
+    """A fresh start that fails while building (here: its tokenizer does not exist) removes its lock file and the
+    empty directories it made, and the workdir itself when it made it; what holds files stays, named in a warning.
+    A workdir in use by another process keeps that process's lock file."""
+    bad = {"tokenizer": str(tmp_path / "no-such-tokenizer")}
+    fresh = str(tmp_path / "fresh")
+    with pytest.raises(Exception, match="no-such-tokenizer"):
+        Trainer(settings_of(tiny_run_config(fresh, 1, bad)))
+    assert not os.path.exists(fresh)
+    existing = str(tmp_path / "existing")
+    _touch(os.path.join(existing, "notes.txt"))
+    with pytest.raises(Exception, match="no-such-tokenizer"):
+        Trainer(settings_of(tiny_run_config(existing, 1, bad)))
+    assert os.listdir(existing) == ["notes.txt"]
+    from rltldr_jax.train.resume import start_undo
+
+    undo = start_undo(existing, restart=False)
+    lock = claim_workdir(existing, resume=False, restart=False)
+    _touch(os.path.join(existing, "made", "data.bin"))
+    os.makedirs(os.path.join(existing, "empty", "deeper"))
+    with caplog.at_level(logging.WARNING, logger="rltldr_jax.train.resume"):
+        undo(lock)
+    assert sorted(os.listdir(existing)) == ["made", "notes.txt"]
+    assert "the failed start left made in" in caplog.text
+    held = lock_workdir(existing)  # another process's run: its lock file is not this start's to remove
+    try:
+        with pytest.raises(WorkdirInUseError):
+            Trainer(settings_of(tiny_run_config(existing, 1)))
+        assert os.path.isfile(os.path.join(existing, ".lock"))
+    finally:
+        held.close()
 
 
 def test_one_process_per_workdir(tmp_path):

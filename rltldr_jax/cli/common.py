@@ -63,6 +63,22 @@ def resolve_config(config_flag: Any, ablation_flag: Any) -> Settings:
         sys.exit(f"error: {e}")
 
 
+def check_runnable(config: Settings, *, dry_run: bool = False, weights: bool = True) -> None:
+    """What the config still lacks to run (`config.base.run_errors`: servers, weights), checked before anything
+    heavy: exits with it in one line. With `dry_run`, prints the resolved config first, then exits (status 1 when
+    something is missing, else 0)."""
+    problems = base.run_errors(config, weights=weights)
+    if dry_run:
+        print(describe(config))
+    if problems:
+        sys.exit(
+            f"error: {'; '.join(problems)}"
+            + (" (the config above is valid, but cannot run as given)" if dry_run else "")
+        )
+    if dry_run:
+        sys.exit(0)
+
+
 def describe(settings: Settings) -> str:
     """The settings as `--dry_run` prints them: every key and value, nested as in the config files."""
     return str(ml_collections.ConfigDict(as_dict(settings)))

@@ -27,6 +27,7 @@ from absl import app
 
 from rltldr_jax.cli.common import (
     as_main,
+    check_runnable,
     define_config_flags,
     define_model_path,
     define_path,
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --checkpoint=DIR")
     config = resolve_config(_CONFIG, _ABLATION)
+    check_runnable(config, weights=False)  # the servers of engine.kind, before any weights load
     quiet_logging()
     use_compile_cache(config.compile.cache_dir)
     from rltldr_jax.train.evaluation import evaluate_checkpoint

@@ -20,8 +20,8 @@ from absl import app, flags
 
 from rltldr_jax.cli.common import (
     as_main,
+    check_runnable,
     define_config_flags,
-    describe,
     quiet_logging,
     resolve_config,
     run_launcher,
@@ -56,9 +56,7 @@ def main(argv: list[str]) -> None:
             "error: launch/sft.py runs the offline SFT rows (mode='sft'): pass --ablation=sft_rollouts_all, "
             "sft_rollouts_1k, sft_rollouts_100, sftldr or sftldr_dedup; RL runs use launch/train.py"
         )
-    if _DRY_RUN.value:
-        print(describe(config))
-        return
+    check_runnable(config, dry_run=_DRY_RUN.value)  # servers, weights: before anything is built
     quiet_logging()
     use_compile_cache(config.compile.cache_dir)  # before anything compiles
     start_distributed()  # before any other JAX call; a single process without flags runs alone

@@ -35,8 +35,8 @@ from absl import app, flags
 
 from rltldr_jax.cli.common import (
     as_main,
+    check_runnable,
     define_config_flags,
-    describe,
     quiet_logging,
     resolve_config,
     run_launcher,
@@ -65,14 +65,12 @@ def main(argv: list[str]) -> None:
         print(ablations.describe())
         return
     config = resolve_config(_CONFIG, _ABLATION)
-    if _DRY_RUN.value:
-        print(describe(config))
-        return
     if config.mode == "sft":
         sys.exit(
             f"error: {_ABLATION.value or 'this config'} is an offline SFT baseline (mode='sft'): run it with "
             "launch/sft.py and --config.sft.rollouts_dir=<an RLTL;DR run's workdir>"
         )
+    check_runnable(config, dry_run=_DRY_RUN.value)  # servers, weights: before anything is built
     quiet_logging()  # before JAX starts: no back-end probe or orbax INFO lines; one line per phase
     use_compile_cache(config.compile.cache_dir)  # before anything compiles
     start_distributed()  # before any other JAX call; a single process without flags runs alone

@@ -23,13 +23,14 @@ import ml_collections
 from rltldr_jax.agent.collector import exact_group_size_error
 from rltldr_jax.agent.eval_set import split_names
 from rltldr_jax.engines.engine import top_k_error
-from rltldr_jax.engines.factory import engine_kind_error
+from rltldr_jax.engines.factory import engine_kind_error, engine_settings_error
 from rltldr_jax.engines.jax_engine import decode_group_error
 from rltldr_jax.envs.registry import CONTROLS, control_insight
 from rltldr_jax.envs.spec import env_name_error
 from rltldr_jax.loss_terms import LOSS_TERMS, terms_error
 from rltldr_jax.models import hub
 from rltldr_jax.models.lora import lora_error
+from rltldr_jax.models.presets import checkpoint_needed_error, preset_error
 from rltldr_jax.settings import Settings, as_dict, value_errors
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import length_buckets_error
@@ -108,6 +109,7 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             f"insight.first_k_max_successes={c.insight.first_k_max_successes} exceeds insight.first_k="
             f"{c.insight.first_k}: the rule would always insert"
         )
+    errors += filter(None, [preset_error(c.model.preset, c.model.checkpoint)])  # (reads config.json, no weights)
     servers = [a for a in c.engine.servers.split(",") if a.strip()]
     http_servers = [a for a in c.engine.http_servers.split(",") if a.strip()]
     if http_servers and len(http_servers) != len(servers):
@@ -182,6 +184,26 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             "documented in rltldr_jax/settings.py)"
         )
     return config
+
+
+def run_errors(config: Any, *, weights: bool = True) -> list[str]:
+    """What a valid config still lacks to run here, each in one line (empty when nothing): the servers its engine
+    backend needs (`engine.servers`, `engine.http_servers`), the weights a non-tiny preset needs (`model.checkpoint`,
+    or `pretrain.steps` > 0). Reads no weights and connects nowhere: the launchers check it right after resolving
+    the config (and `--dry_run` reports it), before anything heavy is built. A config may be valid and not runnable
+    as given: the paper's presets leave the servers and the checkpoint to the command line. `weights=False`: a
+    launcher that finds the weights elsewhere (eval's --checkpoint or the workdir's latest) checks the servers only."""
+    return list(
+        filter(
+            None,
+            [
+                engine_settings_error(config.engine),
+                checkpoint_needed_error(config.model.preset, config.model.checkpoint, config.pretrain.steps)
+                if weights
+                else None,
+            ],
+        )
+    )
 
 
 def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict:

@@ -46,23 +46,36 @@ class EngineBuilder(Protocol):
 
 #: The registry of `engine.kind` values: name -> builder (`register_engine` adds to it).
 ENGINES: dict[str, EngineBuilder] = {}
+#: What each kind asks of the `engine.*` settings before anything is built: name -> check (`register_engine`'s
+#: `check`), returning what is wrong in one line, or None.
+ENGINE_CHECKS: dict[str, Callable[[Any], str | None]] = {}
 #: Older names of registered kinds, still accepted: alias -> name.
 ENGINE_ALIASES: dict[str, str] = {"grpc": "jax_grpc"}
 
 
-def register_engine(name: str) -> Callable[[EngineBuilder], EngineBuilder]:
+def register_engine(
+    name: str, *, check: Callable[[Any], str | None] | None = None
+) -> Callable[[EngineBuilder], EngineBuilder]:
     """A decorator that registers a builder as `engine.kind=name` (re-registering a name replaces its builder, so a
     module imported twice is harmless).
 
-        @register_engine("scripted")
+        @register_engine("scripted", check=lambda engine: None if engine.servers else "kind=scripted needs servers")
         def build(config, model, *, workdir, version):
             return ScriptedEngine(...)
+
+    `check(engine)` gets the `engine.*` settings (attributes `servers`, `http_servers`, ...: the config section when
+    a config is validated, the `EngineConfig` when the engine is built) and returns what is wrong with them for this
+    backend in one line, or None: config validation (and so `--dry_run`) runs it, before any weights are loaded.
     """
     if not name or ":" in name or name in ENGINE_ALIASES:
         raise ValueError(f"engine name {name!r}: give a non-empty name without ':' that is not an alias")
 
     def register(builder: EngineBuilder) -> EngineBuilder:
         ENGINES[name] = builder
+        if check is None:
+            ENGINE_CHECKS.pop(name, None)
+        else:
+            ENGINE_CHECKS[name] = check
         return builder
 
     return register
@@ -81,6 +94,24 @@ def engine_kind_error(kind: Any, *, prefix: str = "engine.") -> str | None:
     except ValueError as e:
         return f"{prefix}{e}"
     return None
+
+
+def engine_settings_error(engine: Any, *, prefix: str = "engine.") -> str | None:
+    """What the backend of `engine.kind` finds wrong with the `engine.*` settings (its registered `check`), in one
+    line, None if nothing (or if the kind itself is invalid: `engine_kind_error` says so)."""
+    try:
+        resolve_engine(engine.kind)
+    except ValueError:
+        return None
+    check = ENGINE_CHECKS.get(_registered_name(engine.kind))
+    problem = check(engine) if check is not None else None
+    return f"{prefix}{problem}" if problem else None
+
+
+def _registered_name(kind: str) -> str:
+    """The registered name of a valid `engine.kind` value (an alias's name; `module:name`'s name)."""
+    name = ENGINE_ALIASES.get(kind, kind)
+    return name.rpartition(":")[2] if ":" in name else name
 
 
 def resolve_engine(kind: Any) -> EngineBuilder:
@@ -212,13 +243,27 @@ def _jax_engine(config: EngineConfig, model: Any, *, workdir: str, version: int)
     )
 
 
-@register_engine("sglang")
+def _servers_check(launcher: str, *, http: bool) -> Callable[[Any], str | None]:
+    """The check of a backend that is a client of running servers started by `launcher`: it needs their addresses
+    (`engine.servers`) and, when pushes go through SGLang's HTTP API (`http`), their HTTP URLs too."""
+
+    def check(engine: Any) -> str | None:
+        if not _addresses(engine.servers):
+            return f"kind={engine.kind} needs engine.servers=host:port,...; start them with {launcher}"
+        if http and not _addresses(engine.http_servers):
+            return f"kind={engine.kind} needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes"
+        return None
+
+    return check
+
+
+@register_engine("sglang", check=_servers_check("launch/serve_sglang.py (CUDA GPUs)", http=True))
 def _sglang_servers(config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine:
     """A client of SGLang servers (launch/serve_sglang.py); versioned pushes over their HTTP ports."""
     return _server_client(config, model, workdir=workdir, version=version, weight_update="http")
 
 
-@register_engine("jax_grpc")
+@register_engine("jax_grpc", check=_servers_check("launch/serve.py", http=False))
 def _jax_grpc_servers(config: EngineConfig, model: Any, *, workdir: str, version: int) -> GenerationEngine:
     """A client of launch/serve.py's gRPC servers (JaxEngines behind SGLang's gRPC service); pushes over gRPC."""
     return _server_client(config, model, workdir=workdir, version=version, weight_update="grpc")
@@ -230,17 +275,10 @@ def _server_client(
     """An SglangClient of `config.servers`, pushing weights with `weight_update` ("http": SGLang's HTTP ports)."""
     from rltldr_jax.engines.sglang_client import SglangClient
 
+    if problem := engine_settings_error(config):  # (validation ran it already; a builder called directly too)
+        raise ValueError(problem)
     servers = _addresses(config.servers)
-    if not servers:
-        raise ValueError(
-            f"engine.kind={config.kind} needs engine.servers=host:port,...; start them with "
-            + ("launch/serve_sglang.py (CUDA GPUs)" if weight_update == "http" else "launch/serve.py")
-        )
     http = _addresses(config.http_servers) or None
-    if weight_update == "http" and not http:
-        raise ValueError(
-            f"engine.kind={config.kind} needs engine.http_servers (SGLang's --port URLs) for versioned weight pushes"
-        )
     return SglangClient(
         servers,
         http_urls=http,

@@ -131,3 +131,63 @@ def get_preset(name: str) -> Qwen35Config:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def preset_error(name: str, checkpoint: str) -> str | None:
+    """What contradicts `model.preset=name` in the HF checkpoint directory `checkpoint`'s config.json, in one line,
+    None if nothing (or if `checkpoint` is no HF directory here: a training checkpoint `DIR[:STEP]`, a PEFT adapter,
+    an absent path, which are checked where they load).
+
+    The architecture of a loaded checkpoint is always its config.json's; the preset is what the run's plans and
+    records say it is. A checkpoint whose architecture is another preset's is refused, naming that preset; one that
+    is no preset's (a model of your own, or a real size whose preset here is unconfirmed) is accepted with a warning
+    naming the fields that differ.
+    """
+    import dataclasses
+    import logging
+    import os
+
+    if not checkpoint or name not in PRESETS or not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        return None
+    try:
+        arch = Qwen35Config.from_pretrained(checkpoint)
+    except ValueError as e:
+        return f"model.checkpoint: {e}"
+    preset = PRESETS[name]
+    if arch == preset:
+        return None
+    differ = [
+        f"{f.name} {getattr(arch, f.name)} vs {getattr(preset, f.name)}"
+        for f in dataclasses.fields(Qwen35Config)
+        if getattr(arch, f.name) != getattr(preset, f.name)
+    ]
+    shown = "; ".join(differ[:4]) + ("; ..." if len(differ) > 4 else "")
+    match = next((other for other, p in PRESETS.items() if p == arch), None)
+    if match is not None:
+        return (
+            f"model.preset={name} but model.checkpoint={checkpoint} is the {match} architecture ({shown}): set "
+            f"--config.model.preset={match}"
+        )
+    logging.getLogger(__name__).warning(
+        "model.checkpoint=%s is not the architecture of model.preset=%s (%s); its config.json is used",
+        checkpoint,
+        name,
+        shown,
+    )
+    return None
+
+
+def checkpoint_needed_error(preset: str, checkpoint: str, pretrain_steps: int) -> str | None:
+    """Why a policy of `model.preset=preset` cannot be built without weights, in one line (None when it can: a
+    checkpoint is given, the preset is the tiny test one, or `pretrain.steps` > 0 pretrains it first)."""
+    if checkpoint or preset == "tiny" or pretrain_steps > 0:
+        return None
+    hub_id = HUB_IDS.get(preset)
+    weights = (
+        f"--config.model.checkpoint={hub_id} (the released weights, fetched into the HF cache; offline, run "
+        f"`hf download {hub_id}` on a machine with network first) or an HF directory of them"
+        if hub_id
+        else "an HF directory or hub id org/name[@revision] of weights of that architecture (or pretrain.steps > "
+        "0 to pretrain them)"
+    )
+    return f"model.preset={preset} needs model.checkpoint: {weights}; only the tiny preset starts from random weights"

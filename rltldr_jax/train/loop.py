@@ -84,6 +84,7 @@ from rltldr_jax.train.resume import (
     move_aside,
     recorded_evaluations,
     rollouts_from,
+    start_undo,
 )
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_of
@@ -123,11 +124,20 @@ class Trainer:
         self.config = config
         self.workdir = workdir_of(config)
         resume = resume or resume_step is not None
-        self._lock = claim_workdir(self.workdir, resume=resume, restart=restart)
+        undo = None if resume else start_undo(self.workdir, restart=restart)
+        try:
+            self._lock = claim_workdir(self.workdir, resume=resume, restart=restart)
+        except BaseException:
+            if undo is not None:  # (a refused workdir keeps no lock file of this start)
+                undo(None)
+            raise
         try:
             self._build(resume, resume_step, allow_config_change, progress)
         except BaseException:
-            self._lock.close()
+            if undo is None:
+                self._lock.close()
+            else:  # a fresh start leaves the workdir as it found it (no lock, no empty checkpoints/)
+                undo(self._lock)
             raise
 
     def _build(self, resume: bool, resume_step: int | None, allow_config_change: bool, progress: bool) -> None:

@@ -1,11 +1,15 @@
 """Starting and resuming runs in a workdir without mixing or hiding anything.
 
     lock = claim_workdir(workdir, resume=False, restart=False)  # refuses a workdir in use or holding a run
+    undo = start_undo(workdir, restart=False)                  # (before the claim) then, if the claim or start fails:
+    undo(lock)                                                 # the workdir as the failed start found it
     check_config_changes(saved_config, as_dict(settings), allow=False)   # on resume: logs and refuses changes
     move_aside(workdir, paths, why)                           # leftovers of a killed phase, newer checkpoints
 
-Nothing is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to
-`{workdir}/discarded-YYYYmmdd-HHMMSS/` (same relative paths).
+Nothing written is ever deleted: an old run moves to a sibling `{workdir}.old-YYYYmmdd-HHMMSS`, leftovers to
+`{workdir}/discarded-YYYYmmdd-HHMMSS/` (same relative paths). A fresh start that fails before its first phase
+removes only what it made that holds no file (its lock, empty directories such as `checkpoints/`, the workdir itself
+if it made it), so the next start finds the workdir as the failed one did.
 
 A workdir the run creates is private (mode 0700: agent code in the sandbox runs as another user and cannot read
 the run's rollouts or checkpoints); an existing one keeps its mode, with a warning when other users can enter it.
@@ -22,8 +26,9 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from rltldr_jax import distributed
@@ -206,6 +211,46 @@ def claim_workdir(workdir: str, *, resume: bool, restart: bool) -> IO[str] | Fol
         return held[0]
     os.makedirs(workdir, exist_ok=True)  # (a shared filesystem: process 0 made it already)
     return FollowerLock()
+
+
+def _holds_files(path: str) -> bool:
+    """Whether `path` is a file (or link), or a directory with a file somewhere below it."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        return True
+    return any(files for _, _, files in os.walk(path))
+
+
+def start_undo(workdir: str, *, restart: bool) -> Callable[[IO[str] | FollowerLock | None], None]:
+    """Call before `claim_workdir` of a fresh start; returns `undo(lock)` for when the claim (lock None) or the
+    start then fails: it releases the lock and removes what the start made that holds no file (its lock file, new
+    empty directories, the workdir if it did not exist), on process 0; a new entry that holds files is kept and
+    named in a warning. The workdir is then as the failed start found it (a restart's old run stays where it was
+    moved)."""
+    existed = os.path.isdir(workdir)
+    had_lock = os.path.exists(os.path.join(workdir, LOCK)) and not restart
+    before = set(os.listdir(workdir)) if existed and not restart else set()
+
+    def undo(lock: IO[str] | FollowerLock | None) -> None:
+        if lock is not None:
+            lock.close()
+        if not distributed.is_main_process() or not os.path.isdir(workdir):
+            return
+        kept = []
+        for name in sorted(set(os.listdir(workdir)) - before):
+            path = os.path.join(workdir, name)
+            if name == LOCK:
+                if not had_lock:
+                    os.unlink(path)
+            elif _holds_files(path):
+                kept.append(name)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        if kept:
+            log.warning("the failed start left %s in %s (they hold files)", ", ".join(kept), workdir)
+        if not existed and not os.listdir(workdir):
+            os.rmdir(workdir)
+
+    return undo
 
 
 def _claim(workdir: str, *, resume: bool, restart: bool) -> IO[str]:

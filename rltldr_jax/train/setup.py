@@ -27,6 +27,7 @@ from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
 from rltldr_jax.models.lora import attach, is_adapter_dir, load_adapter, merged, spec_of, split_trainable
+from rltldr_jax.models.presets import checkpoint_needed_error
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
 from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
@@ -60,21 +61,8 @@ def build_policy(config: Settings) -> Any:
     adapters attached (B = 0: the same policy until they train)."""
     dtype = getattr(jnp, config.model.dtype)
     param_dtype = getattr(jnp, config.model.param_dtype)
-    if not config.model.checkpoint and config.model.preset != "tiny":
-        from rltldr_jax.models.presets import HUB_IDS
-
-        hub_id = HUB_IDS.get(config.model.preset)
-        weights = (
-            f"--config.model.checkpoint={hub_id} (the released weights, fetched into the HF cache; offline, run "
-            f"`hf download {hub_id}` on a machine with network first) or an HF directory of them"
-            if hub_id
-            else "an HF directory or hub id org/name[@revision] of weights of that architecture (or pretrain.steps > "
-            "0 to pretrain them)"
-        )
-        raise ValueError(
-            f"model.preset={config.model.preset} needs model.checkpoint: {weights}; only the tiny preset starts "
-            "from random weights"
-        )
+    if problem := checkpoint_needed_error(config.model.preset, config.model.checkpoint, pretrain_steps=0):
+        raise ValueError(problem)  # (launchers say so before building anything: config.base.run_errors)
     if is_adapter_dir(config.model.checkpoint):
         return _adapted_policy(config, dtype, param_dtype)
     if config.model.checkpoint:

@@ -36,7 +36,7 @@ from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate_all
-from rltldr_jax.train.resume import claim_workdir
+from rltldr_jax.train.resume import claim_workdir, start_undo
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
 from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_of
 from rltldr_jax.train.summary import SummaryWriter
@@ -125,11 +125,19 @@ def run_sft(config: Settings, *, progress: bool = False, restart: bool = False) 
             "--config.sft.rollouts_dir=runs/sapi-rltldr"
         )
     workdir = workdir_of(config)
-    lock = claim_workdir(workdir, resume=False, restart=restart)
+    undo = start_undo(workdir, restart=restart)
     try:
-        return _run_sft(config, workdir, progress)
-    finally:
-        lock.close()
+        lock = claim_workdir(workdir, resume=False, restart=restart)
+    except BaseException:
+        undo(None)
+        raise
+    try:
+        summary = _run_sft(config, workdir, progress)
+    except BaseException:
+        undo(lock)  # (what it wrote stays; a lock and empty directories do not)
+        raise
+    lock.close()
+    return summary
 
 
 def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]:
