@@ -277,6 +277,6 @@ for dtype, directory in exports.items():
 # %% [markdown]
 # ## From the shell
 #
-#     python launch/delta_theta.py --a=runs/colab-tiny/checkpoints:0 --b=runs/colab-tiny/checkpoints --out=table7.csv
+#     python launch/delta_theta.py --base_checkpoint=runs/colab-tiny/checkpoints:0 --checkpoint=runs/colab-tiny/checkpoints --out=table7.csv
 #     python launch/export_hf.py --checkpoint_dir=runs/colab-tiny/checkpoints --out=/tmp/tiny_hf --dtype=float32
-#     python launch/delta_theta.py --a=/ckpt/qwen3_5_9b --b=/tmp/qwen_rltldr       # the paper's comparison
+#     python launch/delta_theta.py --base_checkpoint=/ckpt/qwen3_5_9b --checkpoint=/tmp/qwen_rltldr       # the paper's comparison

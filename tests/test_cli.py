@@ -149,3 +149,34 @@ def test_no_config_and_no_default_is_one_line(tmp_path):
         "error: no --config given and no default here: use --config=FILE[:PRESET] with an experiment file such as "
         "configs/sapi.py of the rltldr_jax repository"
     )
+
+
+#: Flags each launcher's `--help` must list (its own, then the shared config / multi-host ones it takes).
+HELP_FLAGS = {
+    "analyze_rollouts": ["--analysis", "--run"],
+    "delta_theta": ["--base_checkpoint", "--checkpoint", "--out"],
+    "eval": ["--checkpoint", "--out", "--config", "--ablation"],
+    "export_hf": ["--out", "--dtype"],
+    "insight_curves": ["--modes", "--max_k", "--config"],
+    "pretrain": ["--checks", "--config"],
+    "probe_plans": ["--grid", "--arms"],
+    "replicate": ["--config", "--jobs", "--arms", "--pack"],
+    "serve": ["--port", "--max_batch"],
+    "serve_sglang": ["--num_servers", "--tp"],
+    "sft": ["--dry_run", "--config"],
+    "train": ["--dry_run", "--resume", "--config", "--ablation", "--coordinator_address"],
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_help_lists_the_launchers_own_flags_and_exits_0(name):
+    """`python launch/NAME.py --help`: the usage examples of its docstring (no `%` mangled by absl), then every flag it
+    takes with its one-line help, on stdout, exit status 0."""
+    out = subprocess.run(
+        [sys.executable, f"launch/{name}.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"launch/{name}.py" in out.stdout.split("\n\n")[1] or f"launch/{name}.py" in out.stdout[:2000], name
+    listed = {m.group(1) for m in re.finditer(r"^\s+(--[a-z_]+)(?:\[|:|,| )", out.stdout.replace("--[no]", "--"), re.M)}
+    assert set(HELP_FLAGS[name]) <= listed, (name, sorted(listed))
+    assert "launch/delta_theta.pyhare" not in out.stdout  # (absl's usage text substituted `%s` in "1% share")

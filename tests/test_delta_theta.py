@@ -374,13 +374,14 @@ def test_cli_and_outputs(checkpoints, tmp_path, capsys):
     expected = _by_kind(compare(f"{tmp / 'run' / 'checkpoints'}:1", tmp / "hf_b"))
     out = launch(
         "delta_theta",
-        f"--a={tmp / 'run' / 'checkpoints'}:1",
-        f"--b={tmp / 'hf_b'}",
+        f"--base_checkpoint={tmp / 'run' / 'checkpoints'}:1",
+        f"--b={tmp / 'hf_b'}",  # (its name before --checkpoint: still accepted, with a notice)
         f"--out={tmp_path / 't.json'}",
         "--quiet",
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "notice: --b is now --checkpoint (the old name goes in the next release)" in out.stderr
     lines = out.stdout.splitlines()
     assert any(line.startswith("all ") for line in lines) and any(line.startswith("deltanet ") for line in lines)
     with open(tmp_path / "t.json") as f:
@@ -410,4 +411,4 @@ def test_cli_and_outputs(checkpoints, tmp_path, capsys):
     assert run(str(tmp / "hf_a"), str(tmp / "hf_b"), **{**kwargs, "out": str(tmp_path / "t.txt")}) == 2
     assert "must end in .csv or .json" in capsys.readouterr().err
     assert run(str(tmp / "hf_a"), str(tmp / "hf_b"), **kwargs) == 0
-    assert "a = " + str(tmp / "hf_a") in capsys.readouterr().out
+    assert "base = " + str(tmp / "hf_a") in capsys.readouterr().out

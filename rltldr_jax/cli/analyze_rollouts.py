@@ -26,7 +26,7 @@ import sys
 
 from absl import app, flags
 
-from rltldr_jax.cli.common import as_main, define_model_path, define_path
+from rltldr_jax.cli.common import as_main, define_model_path, define_path, parse_flags
 
 ANALYSES = ("evolution", "revisits", "categories", "reliance")
 
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
 def run() -> None:
     """`rltldr-analyze-rollouts` (console script) and `python launch/analyze_rollouts.py`."""
     as_main(__name__)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

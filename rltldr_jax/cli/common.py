@@ -97,7 +97,9 @@ class _PathParser(flags.ArgumentParser):
 def define_path(name: str, default: str | None, help: str) -> flags.FlagHolder:
     """A flag holding a file or directory (`DIR:STEP` too), made absolute against the current directory where it
     enters, so that it means the same wherever it is used (argparse launchers: `type=base.absolute_path`)."""
-    return flags.DEFINE(_PathParser(), name, default, help, serializer=flags.ArgumentSerializer())
+    return flags.DEFINE(
+        _PathParser(), name, default, help, serializer=flags.ArgumentSerializer(), module_name=_caller_module()
+    )
 
 
 class _ModelPathParser(_PathParser):
@@ -118,7 +120,15 @@ def define_model_path(
     """`define_path` for a flag naming an HF model (or tokenizer) directory: it also takes a hub id
     `org/name[@revision]`, resolved where it enters to its snapshot in the local HF cache (downloaded if needed:
     rltldr_jax/models/hub.py). An existing local path always wins; a `DIR:STEP` training checkpoint is kept."""
-    return flags.DEFINE(_ModelPathParser(what), name, default, help, serializer=flags.ArgumentSerializer())
+    return flags.DEFINE(
+        _ModelPathParser(what), name, default, help, serializer=flags.ArgumentSerializer(), module_name=_caller_module()
+    )
+
+
+def _caller_module() -> str:
+    """The module that called the `define_*` function calling this: the launcher that owns the flag (its `--help`
+    lists it among its own flags)."""
+    return sys._getframe(2).f_globals["__name__"]
 
 
 #: Loggers that print INFO noise at start-up and on every checkpoint: absl (orbax logs through it), JAX's back-end
@@ -162,10 +172,68 @@ def _config_files() -> str:
     )
 
 
+#: The launcher module whose `--help` this process prints (`as_main` sets it).
+_launcher: str | None = None
+#: `--help` sections: module -> title, after the launcher's own flags.
+HELP_SECTIONS = {__name__: "config", "rltldr_jax.cli.multihost": "multi-host (rltldr_jax/cli/multihost.py)"}
+#: The help flags every launcher answers by printing `help_text()` to stdout and exiting 0 (absl's own exit 1 and
+#: list only the main module's flags; `--helpfull` keeps absl's every-module listing, also with exit status 0).
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
+#: Old flag names still accepted for one release: old -> new (`define_alias`); using one prints a notice.
+RENAMED: dict[str, str] = {}
+
+
+def define_alias(old: str, new: str) -> None:
+    """`--old` as a deprecated alias of the flag `--new` (defined before): it sets the same flag, and using it prints
+    one notice naming the new name. Kept for a release after a flag is renamed, so scripts keep working."""
+    flags.DEFINE_alias(old, new)
+    RENAMED[old] = new
+
+
+def help_text(module: str | None = None) -> str:
+    """What `--help` prints: the launcher's docstring (its usage examples), then its own flags, then the config flags
+    and the multi-host flags when it has them, each with its one-line help and default."""
+    module = module or _launcher or "__main__"
+    doc = (sys.modules[module].__doc__ or "").strip() if module in sys.modules else ""
+    by_module = flags.FLAGS.flags_by_module_dict()
+    sections = []
+    for name, title in ((module, "flags"), *HELP_SECTIONS.items()):
+        if name not in by_module:
+            continue
+        own = [f for f in by_module[name] if f.name not in RENAMED]
+        if not own:
+            continue
+        body = flags.FLAGS.module_help(name).strip().split("\n", 1)[1] if own else ""
+        hidden = [line for line in body.splitlines() if not any(line.startswith(f"  --{a}:") for a in RENAMED)]
+        sections.append(f"{title}:\n" + "\n".join(hidden))
+    if RENAMED:
+        sections.append(
+            "renamed (old names still accepted for one release):\n"
+            + "\n".join(f"  --{old} -> --{new}" for old, new in sorted(RENAMED.items()))
+        )
+    return "\n\n".join(filter(None, [doc, *sections])) + "\n"
+
+
+def _notice_renamed(argv: list[str]) -> None:
+    """One notice on stderr per deprecated flag name used (`define_alias`)."""
+    for arg in argv[1:]:
+        name = arg.split("=", 1)[0].removeprefix("--no" if arg.startswith("--no") else "--")
+        if arg.startswith("--") and (name in RENAMED or arg.split("=", 1)[0][2:] in RENAMED):
+            old = name if name in RENAMED else arg.split("=", 1)[0][2:]
+            print(f"notice: --{old} is now --{RENAMED[old]} (the old name goes in the next release)", file=sys.stderr)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with clear errors: an unknown `--config.KEY`, a missing config file (also in the form
     `--config FILE`, which absl would otherwise load as an unreadable config) or a bad value names the flag and the
-    fix."""
+    fix. `--help` (`-h`) prints `help_text()` and exits 0; a renamed flag's old name prints a notice."""
+    if any(arg in HELP_FLAGS for arg in argv[1:]):
+        sys.stdout.write(help_text())
+        sys.exit(0)
+    if "--helpfull" in argv[1:]:
+        sys.stdout.write(flags.FLAGS.get_help() + "\n")
+        sys.exit(0)
+    _notice_renamed(argv)
     for i, arg in enumerate(argv[1:], 1):
         if arg.startswith(("--config.", "--noconfig.")):
             key = arg.split("=", 1)[0].removeprefix("--no").removeprefix("--").removeprefix("config.")
@@ -229,6 +297,8 @@ def as_main(module: str) -> None:
     """A launcher's docstring and flags as `--help` shows them, when the launcher runs from a console script or
     launch/*.py (whose `__main__` module only calls its `run`) as when it is `__main__` itself: absl's usage text is
     `__main__`'s docstring, and `--help` lists the flags of the main module and of this one (`--config`, ...)."""
+    global _launcher
+    _launcher = module
     main = sys.modules["__main__"]
     if main is not sys.modules[module]:
         main.__doc__ = sys.modules[module].__doc__

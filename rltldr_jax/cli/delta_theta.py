@@ -1,11 +1,12 @@
 """Δθ between two checkpoints (the paper's Table 7): ‖Δθ‖₁, ‖Δθ‖₂, share beyond bf16 precision, Gini of
 |Δθ|, top-1% share of Δθ², globally and per module kind.
 
-    python launch/delta_theta.py --a=Qwen/Qwen3.5-9B --b=runs/sapi-rltldr/checkpoints
-    python launch/delta_theta.py --a=runs/x/checkpoints:0 --b=runs/x/checkpoints:120 --out=table7.csv
-    python launch/delta_theta.py --a=/ckpt/qwen3_5_9b --b=/tmp/qwen_rltldr --out=table7.json
+    python launch/delta_theta.py --base_checkpoint=Qwen/Qwen3.5-9B --checkpoint=runs/sapi-rltldr/checkpoints
+    python launch/delta_theta.py --base_checkpoint=runs/x/checkpoints:0 --checkpoint=runs/x/checkpoints:120 --out=t7.csv
+    python launch/delta_theta.py --base_checkpoint=/ckpt/qwen3_5_9b --checkpoint=/tmp/qwen_rltldr --out=table7.json
 
-Δθ = θ_b − θ_a: give the original policy as --a (the >bf16 threshold is relative to it). Each side is an HF
+Δθ = θ_checkpoint − θ_base: give the original policy as --base_checkpoint (the >bf16 threshold is relative to it),
+the trained one as --checkpoint (their names before this release, --a and --b, still work). Each side is an HF
 safetensors directory (config.json + model*.safetensors, e.g. from launch/export_hf.py or the released
 checkpoint), a hub id `org/name[@revision]` (its snapshot in the local HF cache, downloaded if needed: an existing
 local path of that name wins), or a training run's Checkpointer directory, `DIR[:STEP]` (default: the latest step).
@@ -21,10 +22,14 @@ import sys
 
 from absl import app, flags
 
-from rltldr_jax.cli.common import as_main, define_model_path, define_path, parse_flags
+from rltldr_jax.cli.common import as_main, define_alias, define_model_path, define_path, parse_flags
 
-_A = define_model_path("a", None, "Base checkpoint (θ_original): HF directory or hub id, or Checkpointer DIR[:STEP].")
-_B = define_model_path("b", None, "Compared checkpoint (θ_trained): the same kinds as --a.")
+_A = define_model_path(
+    "base_checkpoint", None, "The original policy θ_base: HF directory or hub id, or Checkpointer DIR[:STEP]."
+)
+_B = define_model_path("checkpoint", None, "The trained policy θ_checkpoint: the same kinds as --base_checkpoint.")
+define_alias("a", "base_checkpoint")
+define_alias("b", "checkpoint")
 _OUT = define_path("out", None, "Also write the table to this .csv or .json file.")
 _PRESET = flags.DEFINE_string("preset", None, "Architecture preset for orbax checkpoints saved without a model config.")
 _CONFIG_JSON = define_path("config_json", None, "HF config.json (or its directory), for the same.")
@@ -64,7 +69,7 @@ def run_comparison(
         print(f"delta_theta: error: {e}", file=sys.stderr)
         return 2
     rows = report.rows()
-    print(f"Δθ = θ_b − θ_a\n  a = {report.a}\n  b = {report.b}")
+    print(f"Δθ = θ_checkpoint − θ_base\n  base = {report.a}\n  checkpoint = {report.b}")
     print(format_table(rows))
     if out:
         meta = {"a": report.a, "b": report.b, "bins_per_octave": bins_per_octave, "definition": "delta = b - a"}
@@ -75,9 +80,11 @@ def run_comparison(
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}; options are flags, e.g. --a=PATH --b=PATH")
+        raise app.UsageError(
+            f"unexpected arguments {argv[1:]}; options are flags, e.g. --base_checkpoint=PATH --checkpoint=PATH"
+        )
     if not _A.value or not _B.value:
-        raise app.UsageError("give both --a (the base checkpoint) and --b")
+        sys.exit("error: give both --base_checkpoint (the original policy) and --checkpoint (the trained one)")
     from rltldr_jax.cli.common import quiet_logging
 
     quiet_logging()  # orbax logs every restore at INFO through absl
