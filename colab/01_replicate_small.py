@@ -26,14 +26,15 @@
 # %% [markdown]
 # ## 0. Set-up
 #
-# Run this cell first. In **Colab** it clones the repository (set `REPO_URL` to your copy of it) and installs it
+# Run this cell first. In **Colab** it clones the repository (set `REPO_URL` below to its git URL) and installs it
 # with `pip` (the CUDA build of JAX on a GPU runtime, `jax[tpu]` on a TPU runtime; about 2 minutes; if `pip`
 # upgraded a package Colab had already imported, use *Runtime → Restart session* and run the cell again).
 # **Locally** it finds the checkout this notebook lives in (install it first with `pip install -e .`).
 #
 # The notebooks work from the repository root. Two environment variables change their behaviour:
 #
-# - `RLTLDR_NOTEBOOK_WORKDIR`: the run directory that notebook 1 writes and notebooks 2 and 3 read
+# - `RLTLDR_NOTEBOOK_WORKDIR`: the run directory that notebook 1 writes and notebooks 2 and 3 read (each trains it
+#   first when it is missing, e.g. on a fresh Colab runtime: about 8 minutes on 2 CPU cores)
 #   (default `runs/colab-tiny`).
 # - `RLTLDR_NOTEBOOK_TEST=1`: test mode (`tests/test_notebooks.py`): the smallest sizes that still exercise every
 #   step (1 task per phase, 2 attempts, 2 phases, a few tokens per step), and nothing is downloaded.
@@ -48,7 +49,9 @@ import sys
 
 IN_COLAB = "google.colab" in sys.modules
 TEST_MODE = os.environ.get("RLTLDR_NOTEBOOK_TEST") == "1"  # tiny sizes, no network (tests/test_notebooks.py)
-REPO_URL = os.environ.get("RLTLDR_REPO_URL", "https://github.com/REPLACE-ME/rltldr_jax.git")  # your copy of the repo
+# The git URL of the rltldr_jax repository to clone in Colab (a fork, a mirror, a private copy with a token): set it
+# here or in the environment variable RLTLDR_REPO_URL. The project has no public home yet, so there is no default.
+REPO_URL = os.environ.get("RLTLDR_REPO_URL", "")  # @param {type:"string"}
 
 
 def find_repo(start):
@@ -68,6 +71,8 @@ def pip_install(*args):
 
 REPO_ROOT = find_repo(os.getcwd()) or find_repo(os.path.join(os.getcwd(), "rltldr_jax"))
 if REPO_ROOT is None and IN_COLAB:
+    if not REPO_URL:
+        raise RuntimeError("set REPO_URL in this cell (or RLTLDR_REPO_URL) to the git URL of rltldr_jax, then rerun it")
     subprocess.run(["git", "clone", "--depth=1", REPO_URL, "rltldr_jax"], check=True)
     REPO_ROOT = os.path.abspath("rltldr_jax")
 if REPO_ROOT is None:
@@ -165,7 +170,8 @@ show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
 # %% [markdown]
 # ## 2. One run up close: the `tiny` preset, phase by phase
 #
-# The rest of this notebook (and notebooks 2 and 3) works on one small run of the paper's SAPI-like setting, to show
+# The rest of this notebook (and notebooks 2 and 3, which train it themselves when they run alone) works on one small
+# run of the paper's SAPI-like setting (`rltldr_jax/train/tiny_run.py`), to show
 # the machinery: the configuration, `Trainer.run_phase()`, the logged metrics, TensorBoard, checkpoints and
 # `launch/eval.py`. Its policy is a tiny *random* Qwen 3.5 with the real 248k-token vocabulary (about 8 minutes on 2
 # CPU cores): it never solves a task, so what moves is L_SFT lowering the NLL of the inserted insights.
@@ -184,34 +190,10 @@ show_png(os.path.join(REPLICATE_OUT, "insight_curves.png"), width=5)
 # "original policy" that notebook 2 compares the trained one with.
 
 # %%
-from rltldr_jax.config import base, load
-from rltldr_jax.settings import settings_of, value_at
+from rltldr_jax.settings import value_at
+from rltldr_jax.train.tiny_run import tiny_run_config
 
-config = load("configs/sapi.py:tiny")  # what --config=configs/sapi.py:tiny loads
-base.override(config, {"workdir": WORKDIR})
-if TEST_MODE:  # seconds instead of minutes: one task per phase, two attempts, a few tokens per step
-    base.override(
-        config,
-        {
-            "train.max_phases": 2,
-            "rollout.tasks_per_phase": 1,
-            "rollout.group_size": 2,
-            "rollout.exact_group_size": True,
-            "rollout.max_steps": 2,
-            "rollout.max_think_tokens": 4,
-            "rollout.max_action_tokens": 8,
-            "batch.ppo_epochs": 1,
-            "batch.micro_batch_size": 2,
-            "batch.pad_to_multiple": 512,
-            "eval.num_tasks": 1,
-            "eval.attempts_per_task": 2,
-            # keep the all-failure group so its actions reach the GRPO term (ratio and clip fraction are measured)
-            "loss.filter_zero_advantage": False,
-            "loss.positive_ratio": 0.0,
-        },
-    )
-base.override(config, {"train.keep_checkpoints": config.train.max_phases + 1})
-config = settings_of(base.validate(config))  # the typed settings (rltldr_jax/settings.py) every part takes
+config = tiny_run_config(WORKDIR, test_mode=TEST_MODE)  # configs/sapi.py:tiny, every checkpoint kept, validated
 
 for key in (
     "model.preset",
@@ -254,35 +236,13 @@ for key in (
 # Set `RESUME = True` to continue an interrupted run in `WORKDIR`; otherwise it starts from scratch.
 
 # %%
-import math
-import time
+import inspect
 
-from rltldr_jax.train.loop import Trainer
+from rltldr_jax.train.tiny_run import train_tiny_run
 
 RESUME = False
-if not RESUME and os.path.isdir(WORKDIR):
-    shutil.rmtree(WORKDIR)  # a fresh run: checkpoints of an earlier run would clash with the new ones
-
-history = []  # the metrics of every phase
-trainer = Trainer(config, resume=RESUME)
-try:
-    if trainer.phase == 0:
-        trainer.save()  # checkpoint 0: the initial policy (notebook 2 compares it with the trained one)
-    while not trainer.done():
-        t0 = time.time()
-        metrics = trainer.run_phase()
-        history.append({"phase": trainer.phase, **metrics})
-        print(
-            f"phase {trainer.phase}: {metrics['rollout/counts/attempts']:.0f} attempts, "
-            f"{trainer.env_steps} environment steps so far, Pass@1 {metrics['rollout/pass@1/all']:.3f}, "
-            f"SFT NLL {metrics.get('update/sft_nll', math.nan):.3f} ({time.time() - t0:.0f} s)"
-        )
-        if config.eval.every and trainer.phase % config.eval.every == 0:
-            trainer.evaluate()
-    final_eval = trainer.evaluate()
-    print(f"held-out Pass@1 after {trainer.phase} phases: {final_eval['eval/pass@1/all']:.3f}")
-finally:
-    trainer.close()
+print(inspect.getsource(train_tiny_run).split('"""')[-1].strip(), "\n")  # the loop below, as it runs
+history, final_eval = train_tiny_run(config, resume=RESUME)  # (a fresh run first removes an earlier one in WORKDIR)
 
 # %% [markdown]
 # ### 2.3 The metrics of each phase
@@ -482,7 +442,11 @@ print("\nQwen 3.5 0.8B: " + ("running" if RUN_QWEN else "skipped, because\n  - "
 
 # %%
 if RUN_QWEN:
+    import math
+
+    from rltldr_jax.config import base, load
     from rltldr_jax.config.ablations import resolve
+    from rltldr_jax.train.loop import Trainer
 
     qwen_config = load("configs/sapi.py:paper")
     base.override(qwen_config, QWEN_OVERRIDES)

@@ -26,14 +26,15 @@
 # %% [markdown]
 # ## 0. Set-up
 #
-# Run this cell first. In **Colab** it clones the repository (set `REPO_URL` to your copy of it) and installs it
+# Run this cell first. In **Colab** it clones the repository (set `REPO_URL` below to its git URL) and installs it
 # with `pip` (the CUDA build of JAX on a GPU runtime, `jax[tpu]` on a TPU runtime; about 2 minutes; if `pip`
 # upgraded a package Colab had already imported, use *Runtime → Restart session* and run the cell again).
 # **Locally** it finds the checkout this notebook lives in (install it first with `pip install -e .`).
 #
 # The notebooks work from the repository root. Two environment variables change their behaviour:
 #
-# - `RLTLDR_NOTEBOOK_WORKDIR`: the run directory that notebook 1 writes and notebooks 2 and 3 read
+# - `RLTLDR_NOTEBOOK_WORKDIR`: the run directory that notebook 1 writes and notebooks 2 and 3 read (each trains it
+#   first when it is missing, e.g. on a fresh Colab runtime: about 8 minutes on 2 CPU cores)
 #   (default `runs/colab-tiny`).
 # - `RLTLDR_NOTEBOOK_TEST=1`: test mode (`tests/test_notebooks.py`): the smallest sizes that still exercise every
 #   step (1 task per phase, 2 attempts, 2 phases, a few tokens per step), and nothing is downloaded.
@@ -48,7 +49,9 @@ import sys
 
 IN_COLAB = "google.colab" in sys.modules
 TEST_MODE = os.environ.get("RLTLDR_NOTEBOOK_TEST") == "1"  # tiny sizes, no network (tests/test_notebooks.py)
-REPO_URL = os.environ.get("RLTLDR_REPO_URL", "https://github.com/REPLACE-ME/rltldr_jax.git")  # your copy of the repo
+# The git URL of the rltldr_jax repository to clone in Colab (a fork, a mirror, a private copy with a token): set it
+# here or in the environment variable RLTLDR_REPO_URL. The project has no public home yet, so there is no default.
+REPO_URL = os.environ.get("RLTLDR_REPO_URL", "")  # @param {type:"string"}
 
 
 def find_repo(start):
@@ -68,6 +71,8 @@ def pip_install(*args):
 
 REPO_ROOT = find_repo(os.getcwd()) or find_repo(os.path.join(os.getcwd(), "rltldr_jax"))
 if REPO_ROOT is None and IN_COLAB:
+    if not REPO_URL:
+        raise RuntimeError("set REPO_URL in this cell (or RLTLDR_REPO_URL) to the git URL of rltldr_jax, then rerun it")
     subprocess.run(["git", "clone", "--depth=1", REPO_URL, "rltldr_jax"], check=True)
     REPO_ROOT = os.path.abspath("rltldr_jax")
 if REPO_ROOT is None:
@@ -121,14 +126,9 @@ def show_png(path, width=7.0):
 
 
 # %%
-from rltldr_jax.checkpoint import Checkpointer
+from rltldr_jax.train.tiny_run import ensure_tiny_run
 
-if not os.path.isdir(CKPT_DIR):
-    raise FileNotFoundError(
-        f"no checkpoints in {CKPT_DIR}: run 01_replicate_small.ipynb first (with the same RLTLDR_NOTEBOOK_WORKDIR)"
-    )
-with Checkpointer(CKPT_DIR, keep=None, async_save=False, create=False) as _ckpt:
-    STEPS = _ckpt.all_steps()
+STEPS = ensure_tiny_run(WORKDIR, test_mode=TEST_MODE)  # notebook 1's run; made here first if this runtime has none
 FIRST, LAST = STEPS[0], STEPS[-1]
 print(f"checkpoints of {WORKDIR}: steps {STEPS} (step 0 = the initial policy, step N = after N phases)")
 

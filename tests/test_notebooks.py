@@ -175,3 +175,28 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     assert insights_at_2 == {"iid": 0.0, "latest": 1.0, "sequential": 1.0}  # a random policy fails attempt 1
     attempts = _csv(workdir / "insight_curves" / "insight_curves_attempts.csv")
     assert len(attempts) == 6
+
+
+@pytest.mark.slow  # ~1-2 minutes on 2 cores; CI runs it
+def test_each_analysis_notebook_runs_on_its_own(tmp_path):
+    """Each Colab notebook gets its own runtime: notebook 3, run alone on an empty run directory (test mode), trains
+    the tiny run itself first (`rltldr_jax.train.tiny_run.ensure_tiny_run`) and goes through; it then uses that run
+    as it is (rerun: nothing trained again)."""
+    workdir = tmp_path / "alone"
+    env = {
+        **os.environ,
+        "RLTLDR_NOTEBOOK_TEST": "1",
+        "RLTLDR_NOTEBOOK_WORKDIR": str(workdir),
+        "MPLBACKEND": "Agg",
+        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
+    command = [sys.executable, "-c", RUNNER, os.path.join(COLAB, "03_insights.ipynb")]
+    proc = subprocess.run(command, cwd=COLAB, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}"
+    assert f"no run in {workdir}: training the tiny run here first" in proc.stdout
+    assert sorted(os.listdir(workdir / "checkpoints"), key=int) == ["0", "1", "2"]
+    assert (workdir / "insight_curves" / "insight_curves.csv").stat().st_size > 0
+    again = subprocess.run(command, cwd=COLAB, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "training the tiny run here first" not in again.stdout, again.stderr[-3000:]
