@@ -297,8 +297,9 @@ def test_the_report_holds_every_finished_run_in_out(smoke_grid):
     ]
     assert sorted(_rows(out)) == sorted(expected)
     md = open(os.path.join(out, "results.md")).read()
-    for arm in ("grpo", "rltldr", "lambda_0.03", "uninformative_insights", "sftldr"):
+    for arm in ("grpo", "rltldr (= lambda_0.03)", "uninformative_insights", "sftldr"):  # (one row per distinct run)
         assert f"| {arm} | 1 |" in md, arm
+    assert "| lambda_0.03 |" not in md and "Here `rltldr` trains with λ = 0.03 (the paper's λ is 0.5)." in md
     assert all(os.stat(os.path.join(out, name)).st_ino != inode for name, inode in files.items())
     assert not [name for name in os.listdir(out) if ".tmp" in name]
     # the launcher orders the rows by configs/replicate.py ARMS, whoever ran them

@@ -85,6 +85,46 @@ def arm_order(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(s["arm"] for s in summaries))
 
 
+def arm_names(summaries: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each arm shown once: arm -> its label in the table and the curves, skipping an arm whose runs are the same
+    runs as an earlier arm's (e.g. `lambda_0.03`, run once for `rltldr`), which labels that earlier arm as
+    `rltldr (= lambda_0.03)` instead of a second, identical row and a curve drawn over the first."""
+    runs = {
+        arm: sorted(str(s.get("workdir", "")) for s in summaries if s["arm"] == arm) for arm in arm_order(summaries)
+    }
+    same: dict[str, list[str]] = {}  # arm shown -> the later arms that are its runs
+    for arm, workdirs in runs.items():
+        owner = next((a for a in same if all(workdirs) and runs[a] == workdirs), None)
+        if owner is None:
+            same[arm] = []
+        else:
+            same[owner].append(arm)
+    return {arm: arm + (f" (= {', '.join(also)})" if also else "") for arm, also in same.items()}
+
+
+def table_legend(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """What results.md's columns mean (units, where the reference numbers come from, which λ `rltldr` uses)."""
+    lams = sorted({float(s["lam"]) for s in summaries if s["arm"] == "rltldr" and "lam" in s})
+    rltldr = (
+        f" Here `rltldr` trains with λ = {', '.join(f'{x:g}' for x in lams)}"
+        + (" (the paper's λ is 0.5)." if lams and lams != [0.5] else ".")
+        if lams
+        else ""
+    )
+    return (
+        "How to read it: every Pass@1 is the share of tasks solved, in % (mean ± sample standard deviation over the "
+        "seeds; per run, the success over its evaluation tasks and their attempts), *no-insight* means attempts "
+        "without insights in context (what the policy does on its own). *train* is the held-in evaluation set of "
+        "training tasks, *held-out* the held-out one; *with insights* is the success of the training attempts that "
+        "had insights in context. Final values are at the run's last evaluation; *best evaluation* is the highest "
+        "held-in value over the run's evaluations (chosen on the held-in set, so optimistic). *env steps* are the "
+        "environment steps of training, *minutes* the run's wall time. *paper* is the paper's Table 2 (SAPI, Qwen 3.5 "
+        "9B; GRPO from §4.2), *toy* a third-party toy replication (a 0.12M-parameter transformer in a hidden-rule "
+        "crafting world, one seed): other worlds and models, shown for direction only. An arm that is the same runs "
+        f"as another is one row, named `a (= b)`.{rltldr}"
+    )
+
+
 def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, float]]) -> str:
     """The markdown table: per arm, mean ± std over seeds (Pass@1 in %), with the paper's and the toy's numbers."""
     lines = [
@@ -102,7 +142,7 @@ def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Map
         lines.append(
             f"| base policy (step 0) | {tr[2]} | {_pct(*tr)} | {_pct(*ho)} | {_pct(*ins)} | | 0 | | 4 / 4 (base) | |"
         )
-    for arm in arm_order(summaries):
+    for arm, label in arm_names(summaries).items():
         rows = [s for s in summaries if s["arm"] == arm]
         cols = [
             _stats([r[k] for r in rows])
@@ -117,7 +157,7 @@ def results_table(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Map
         minutes = np.mean([r["walltime_s"] for r in rows]) / 60
         same = f"lambda_{rows[0]['lam']:g}" if arm == "rltldr" else arm  # rltldr is the λ arm it equals
         lines.append(
-            f"| {arm} | {len(rows)} | {' | '.join(_pct(*c) for c in cols)} | {steps:,} | {minutes:.1f} | "
+            f"| {label} | {len(rows)} | {' | '.join(_pct(*c) for c in cols)} | {steps:,} | {minutes:.1f} | "
             f"{PAPER.get(same, '')} | {TOY.get(same, '')} |"
         )
     return "\n".join(lines)
@@ -188,7 +228,8 @@ def best_train_pass1(summary: Mapping[str, Any]) -> float:
 
 
 def base_table(base: Mapping[int, Mapping[str, float]]) -> str:
-    """The base policy's checks (App. B) per seed, as a markdown table (Pass@k in %)."""
+    """The base policy's checks (App. B) per seed, as a markdown table (Pass@k in %; the insight advantage, a
+    difference of success rates, in percentage points)."""
     if not base:
         return ""
     keys = list(next(iter(base.values())))
@@ -198,9 +239,9 @@ def base_table(base: Mapping[int, Mapping[str, float]]) -> str:
         for b in base.values():
             v = b.get(k, math.nan)
             cells.append(
-                "n/a" if not math.isfinite(v) else (f"{v:+.3f}" if k == "insight_advantage" else f"{100 * v:.1f}")
+                "n/a" if not math.isfinite(v) else (f"{100 * v:+.1f}" if k == "insight_advantage" else f"{100 * v:.1f}")
             )
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        lines.append(f"| {k + (' (points)' if k == 'insight_advantage' else '')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -226,7 +267,8 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
     RL arm (mean over seeds, ±std band; evaluations at the same steps in every seed)."""
     fig = new_figure(11, 4.2)
     axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)]
-    for arm in arm_order(summaries):
+    styles = ("-", "--", "-.", ":")
+    for i, (arm, label) in enumerate(arm_names(summaries).items()):
         rows = [s for s in summaries if s["arm"] == arm and s["env_steps"] > 0]
         if not rows:
             continue
@@ -236,7 +278,9 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
         for ax, which in zip(axes, (1, 2), strict=True):
             ys = np.stack([p[which][:n] for p in points]) * 100
             mean, std = ys.mean(0), ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(n)
-            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{arm} (n={len(rows)})")
+            (line,) = ax.plot(  # (line styles cycle: arms on the same values stay distinguishable)
+                steps, mean, styles[i % len(styles)], marker="o", markersize=3, label=f"{label} (n={len(rows)})"
+            )
             ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15)
     for ax, title in zip(axes, ("training tasks (held-in)", "held-out targets"), strict=True):
         ax.set_xlabel("environment steps")
@@ -269,7 +313,14 @@ def write_results(
     ]  # (workdir relative to out)
     os.makedirs(out, exist_ok=True)
     paths = [replaced(os.path.join(out, "results.csv"), lambda p: write_csv(p, columns, rows))]
-    md = [f"# {title or 'Small-scale replication'}", "", results_table(summaries, base), ""]
+    md = [
+        f"# {title or 'Small-scale replication'}",
+        "",
+        results_table(summaries, base),
+        "",
+        table_legend(summaries),
+        "",
+    ]
     if splits:
         md += ["## Evaluation sets: no-insight Pass@1 (%)", "", splits_table(summaries, splits), ""]
     if base:
