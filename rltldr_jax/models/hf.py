@@ -2,7 +2,9 @@
 
 Reads the released VLM layout (`model.language_model.*`, with `model.visual.*` and `mtp.*` skipped) or the
 text layout (`model.*`), through `model.safetensors.index.json` or a single `model.safetensors`. Writes the
-text layout of `Qwen3_5ForCausalLM`, which transformers and SGLang load.
+text layout of `Qwen3_5ForCausalLM`, which transformers and SGLang load; with `ServingFiles` (the policy's tokenizer
+and sampling) also the tokenizer files and generation_config.json, so that the directory is a complete HF model
+(`save_pretrained`), or a PEFT adapter with the tokenizer files (`save_peft_adapter`). Files are written 0644.
 
 Name and layout mapping. Layer i = p·b + start(r) + j: block b (of `num_blocks`), run r of the block pattern
 (length p; runs of one layer type, `config.block_runs`), layer j within the run:
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import json
 import os
 import shutil
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -40,6 +43,7 @@ from safetensors.numpy import save_file
 from rltldr_jax.mismatch import mismatch_problems
 from rltldr_jax.models.config import Qwen35Config
 from rltldr_jax.models.qwen3_5 import ModelSpec, Qwen35
+from rltldr_jax.tokenization import ENDOFTEXT, TOKENIZER_COMPANIONS, Tokenizer, load_tokenizer, write_hf_tokenizer
 
 VLM_PREFIX = "model.language_model."
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")
@@ -270,6 +274,126 @@ def load_pretrained(
 # Writing
 # ----------------------------------------------------------------------------------------------------
 
+#: Modes of what an export writes: readable by every user, as generation servers running as another user need
+#: (safetensors writes its files 0600). A directory that existed keeps its mode.
+FILE_MODE, DIR_MODE = 0o644, 0o755
+GENERATION_CONFIG = "generation_config.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingFiles:
+    """What an HF model directory holds beside its weights, so that transformers, SGLang and our launchers use it as
+    is: the policy's tokenizer as HF tokenizer files (`tokenization.write_hf_tokenizer`: tokenizer.json,
+    tokenizer_config.json with a chat template, ...) and generation_config.json (stop, padding and BOS ids, the run's
+    sampling); config.json gets the BOS and EOS ids too.
+
+    Attributes:
+      tokenizer: what `load_tokenizer` takes (a tokenizer.json, a directory holding one); None: the built-in Qwen 3.5.
+      thinking: default of the written chat template's `enable_thinking` (the run's `rollout.thinking`); a tokenizer
+        that brings a chat template of its own keeps it.
+      temperature, top_p, top_k: the run's sampling (`rollout.*`) for generation_config.json; None is not written,
+        nor is top_k <= 0 (off).
+    """
+
+    tokenizer: str | None = None
+    thinking: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    @classmethod
+    def of_run(cls, run_config: Mapping[str, Any] | None, tokenizer: str | None = None) -> ServingFiles | None:
+        """Those of a training run, from its recorded config (the `Checkpointer` metadata's "config", as
+        `settings.as_dict` gives it): the tokenizer its trainer loaded (`tokenizer`, else `model.checkpoint`'s (a PEFT
+        adapter without one: `model.base_checkpoint`'s), else the built-in one), its thinking mode and sampling.
+        `tokenizer` replaces the run's tokenizer. None when there is neither a recorded config nor `tokenizer`."""
+        from rltldr_jax.models.lora import is_adapter_dir
+
+        if not isinstance(run_config, Mapping):
+            return None if tokenizer is None else cls(tokenizer=tokenizer)
+        model = run_config.get("model") or {}
+        rollout = run_config.get("rollout") or {}
+        if tokenizer is None:
+            tokenizer = run_config.get("tokenizer") or model.get("checkpoint") or None
+            if (
+                tokenizer
+                and is_adapter_dir(tokenizer)
+                and not os.path.isfile(os.path.join(tokenizer, "tokenizer.json"))
+            ):
+                tokenizer = model.get("base_checkpoint") or tokenizer
+        return cls(
+            tokenizer=tokenizer,
+            thinking=bool(rollout.get("thinking", True)),
+            temperature=rollout.get("temperature"),
+            top_p=rollout.get("top_p"),
+            top_k=rollout.get("top_k"),
+        )
+
+    @classmethod
+    def of_checkpoint(
+        cls, checkpoint_dir: str | os.PathLike, step: int | None, tokenizer: str | None = None
+    ) -> ServingFiles | None:
+        """`of_run` of the config recorded with a training checkpoint (`Checkpointer` directory, step; None: latest)."""
+        from rltldr_jax.checkpoint import Checkpointer
+
+        with Checkpointer(checkpoint_dir, keep=None, async_save=False, create=False) as ckpt:
+            _, _, meta = ckpt.read_state(step)
+        return cls.of_run(meta.get("config"), tokenizer)
+
+    def checked_tokenizer(self, config: Qwen35Config) -> Tokenizer:
+        """The tokenizer, checked against the model it is written with.
+
+        Raises:
+          FileNotFoundError: it is gone; ValueError: it is unusable, or has more ids than the model's vocabulary.
+        """
+        fix = "give the tokenizer the model was trained with (ServingFiles.tokenizer, --tokenizer of export_hf)"
+        try:
+            tokenizer = load_tokenizer(self.tokenizer)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"the policy's tokenizer is gone: {e}; {fix}") from None
+        if tokenizer.vocab_size > config.vocab_size:
+            what = self.tokenizer or "the built-in Qwen 3.5 tokenizer"
+            raise ValueError(
+                f"the tokenizer {what} has {tokenizer.vocab_size} ids but the model only {config.vocab_size} "
+                f"(vocab_size): they do not belong together; {fix}"
+            )
+        return tokenizer
+
+    def config_ids(self, tokenizer: Tokenizer) -> dict[str, int]:
+        """The special ids config.json gets: BOS `<|endoftext|>` (as Qwen's releases have it; the tokenizer adds no BOS)
+        and EOS `<|im_end|>`, the end of an assistant turn. (No padding id: transformers would zero that embedding.)"""
+        eot = tokenizer.token_to_id(ENDOFTEXT)
+        return ({} if eot is None else {"bos_token_id": eot}) | {"eos_token_id": tokenizer.im_end_id}
+
+    def generation_config(self, tokenizer: Tokenizer) -> dict[str, Any]:
+        """generation_config.json: `config_ids` with EOS every stop id of `tokenizer` (`<|im_end|>`, `<|endoftext|>`),
+        padding `<|endoftext|>` (`<|im_end|>` without one), and the run's sampling when known."""
+        eot = tokenizer.token_to_id(ENDOFTEXT)
+        out: dict[str, Any] = self.config_ids(tokenizer) | {
+            "eos_token_id": list(tokenizer.stop_ids),
+            "pad_token_id": tokenizer.im_end_id if eot is None else eot,
+        }
+        if self.temperature is not None:
+            out |= {"do_sample": True, "temperature": float(self.temperature)}
+        if self.top_p is not None:
+            out["top_p"] = float(self.top_p)
+        if self.top_k is not None and self.top_k > 0:
+            out["top_k"] = int(self.top_k)
+        return out
+
+    def write(
+        self, directory: str, tokenizer: Tokenizer, config: Qwen35Config, *, generation: bool = True
+    ) -> list[str]:
+        """Writes the tokenizer files (and generation_config.json) into `directory`; returns the names written."""
+        names = write_hf_tokenizer(
+            directory, self.tokenizer, thinking=self.thinking, model_max_length=config.max_position_embeddings
+        )
+        if generation:
+            with open(os.path.join(directory, GENERATION_CONFIG), "w", encoding="utf-8") as f:
+                json.dump(self.generation_config(tokenizer), f, indent=2)
+            names.append(GENERATION_CONFIG)
+        return names
+
 
 def _refuse_adapters(model: Qwen35) -> None:
     """A model with LoRA adapters has no HF text layout of its own (ValueError naming the two ways out)."""
@@ -303,27 +427,103 @@ def hf_tensors(model: Qwen35, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
             yield names[0], _to_hf(value, transform)
 
 
-def save_pretrained(model: Qwen35, path: str | os.PathLike, *, dtype=None, max_shard_bytes: int = 5 * 2**30) -> None:
-    """Writes config.json and safetensors shards (+ index when more than one) in HF's text layout.
+def save_pretrained(
+    model: Qwen35,
+    path: str | os.PathLike,
+    *,
+    dtype=None,
+    max_shard_bytes: int = 5 * 2**30,
+    serving: ServingFiles | None = None,
+) -> None:
+    """Writes config.json and safetensors shards (+ index when more than one) in HF's text layout, and with `serving`
+    the tokenizer files and generation_config.json (`ServingFiles`): a complete HF model directory.
 
-    An export replaces the directory's weights as a whole: it is written to a temporary directory next to `path`
-    and swapped in when complete (one atomic `renameat2(RENAME_EXCHANGE)` where the OS has it, else two renames), so
-    `path` never holds a mix of two exports (a stale model.safetensors.index.json of an earlier sharded export would
-    otherwise win over a new single file) and an interrupted export leaves the previous one as it was. The other
-    files of an existing `path` (tokenizer.json, a README) are kept (hard-linked into the new directory).
+    An export replaces the directory's weights (and with `serving` its tokenizer files and generation config) as a
+    whole: it is written to a temporary directory next to `path` and swapped in when complete (one atomic
+    `renameat2(RENAME_EXCHANGE)` where the OS has it, else two renames), so `path` never holds a mix of two exports (a
+    stale model.safetensors.index.json of an earlier sharded export would otherwise win over a new single file) and an
+    interrupted export leaves the previous one as it was. The other files of an existing `path` (a README; without
+    `serving`, its tokenizer files) are kept (hard-linked into the new directory). What is written is readable by
+    every user (files 0644; a new directory 0755, an existing one keeps its mode): generation servers often run as
+    another user.
 
     Args:
       model: the model to save.
       path: output directory (created; a symbolic link to a directory: the directory it points to is replaced).
       dtype: tensor dtype to write; None keeps each parameter's dtype.
       max_shard_bytes: shard size limit; tensors are never split.
+      serving: the tokenizer and sampling to ship with the weights; None writes the weights alone.
 
     Raises:
       PermissionError: `path` exists and is not writable (nothing is written), or its parent is not writable.
       NotADirectoryError: `path` exists and is not a directory.
-      ValueError: the model holds LoRA adapters (save `lora.merged(model)`, or the adapter: `lora.save_adapter`).
+      ValueError: the model holds LoRA adapters (save `lora.merged(model)`, or the adapter: `lora.save_adapter`), or
+        `serving`'s tokenizer does not fit the model (`ServingFiles.checked_tokenizer`; checked before anything is
+        written, as is FileNotFoundError for a tokenizer that is gone).
     """
     _refuse_adapters(model)
+    tokenizer = None if serving is None else serving.checked_tokenizer(model.config)
+
+    def replaced(name: str) -> bool:  # what this export writes, and so replaces
+        return _is_weight_file(name) or (serving is not None and _is_serving_file(name))
+
+    with _replaced_directory(path, replaced) as tmp:
+        ids = {} if tokenizer is None else serving.config_ids(tokenizer)
+        names = _write_weights(model, tmp, dtype=dtype, max_shard_bytes=max_shard_bytes, config_ids=ids)
+        if serving is not None:
+            names += serving.write(tmp, tokenizer, model.config)
+        _readable(tmp, names)
+
+
+def save_peft_adapter(
+    model: Qwen35, path: str | os.PathLike, *, base_model: str = "", serving: ServingFiles | None = None
+) -> list[str]:
+    """`models.lora.save_adapter` (a PEFT LoRA adapter directory: adapter_config.json, adapter_model.safetensors),
+    with `serving`'s tokenizer files beside it (as PEFT adapters on the hub ship them; no generation_config.json: the
+    base model's applies). The directory is replaced as a whole. Returns the adapted module names.
+
+    Raises:
+      ValueError: the model holds no adapters (or several ranks), or the tokenizer does not fit the model.
+    """
+    from rltldr_jax.models.lora import save_adapter
+
+    tokenizer = None if serving is None else serving.checked_tokenizer(model.config)
+    with _replaced_directory(path, lambda name: True) as tmp:
+        modules = save_adapter(model, tmp, base_model=base_model)  # (puts the adapter directory in tmp's place)
+        if serving is not None:
+            _readable(tmp, serving.write(tmp, tokenizer, model.config, generation=False))
+    return modules
+
+
+def _is_weight_file(name: str) -> bool:
+    """What an export writes (and so replaces): config.json, *.safetensors and the index."""
+    return name in ("config.json", INDEX_FILE) or name.endswith(".safetensors")
+
+
+def _is_serving_file(name: str) -> bool:
+    """The tokenizer files and generation config of a model directory (replaced by an export with `ServingFiles`)."""
+    return name in ("tokenizer.json", GENERATION_CONFIG, *TOKENIZER_COMPANIONS) or name.endswith(
+        (".model", ".tiktoken")
+    )
+
+
+def _readable(directory: str, names: list[str]) -> None:
+    """Makes the files `names` of `directory` (written there by this export) readable by every user (`FILE_MODE`)."""
+    for name in names:
+        os.chmod(os.path.join(directory, name), FILE_MODE)
+
+
+@contextlib.contextmanager
+def _replaced_directory(path: str | os.PathLike, replaced: Callable[[str], bool]) -> Iterator[str]:
+    """Yields a new empty directory next to `path` to write an export into; when the block completes, it takes
+    `path`'s place (`_swap_directories`), holding also the entries of an existing `path` that the block did not write
+    and `replaced(name)` does not claim (hard-linked). Mode: an existing `path`'s, else `DIR_MODE`. On an error
+    nothing changes at `path` and the temporary directory is removed.
+
+    Raises:
+      PermissionError: `path` exists and is not writable, or its parent is not writable.
+      NotADirectoryError: `path` exists and is not a directory.
+    """
     path = os.path.realpath(os.fspath(path))
     parent, name = os.path.split(path)
     exists = os.path.lexists(path)
@@ -335,22 +535,18 @@ def save_pretrained(model: Qwen35, path: str | os.PathLike, *, dtype=None, max_s
     tmp = os.path.join(parent, f".{name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(tmp)
     try:
-        _write_weights(model, tmp, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        yield tmp
         if exists:
             for entry in os.listdir(path):
-                if not _is_weight_file(entry):  # the directory's other files stay
+                if not replaced(entry) and not os.path.lexists(os.path.join(tmp, entry)):  # the directory's other files
                     _link_tree(os.path.join(path, entry), os.path.join(tmp, entry))
             os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
             _swap_directories(tmp, path)  # `tmp` now holds the previous export
         else:
+            os.chmod(tmp, DIR_MODE)
             os.rename(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _is_weight_file(name: str) -> bool:
-    """What an export writes (and so replaces): config.json, *.safetensors and the index."""
-    return name in ("config.json", INDEX_FILE) or name.endswith(".safetensors")
 
 
 def _link_tree(src: str, dst: str) -> None:
@@ -391,8 +587,11 @@ def _swap_directories(a: str, b: str) -> None:
     os.rename(aside, a)
 
 
-def _write_weights(model: Qwen35, path: str, *, dtype, max_shard_bytes: int) -> None:
-    """config.json and the safetensors shards (+ index when more than one) of `model` into the directory `path`."""
+def _write_weights(
+    model: Qwen35, path: str, *, dtype, max_shard_bytes: int, config_ids: Mapping[str, Any] | None = None
+) -> list[str]:
+    """config.json (with `config_ids` added: special token ids) and the safetensors shards (+ index when more than one)
+    of `model` into the directory `path`; returns the names written."""
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     total = 0
@@ -403,17 +602,20 @@ def _write_weights(model: Qwen35, path: str, *, dtype, max_shard_bytes: int) -> 
         shards[-1][name] = tensor
         size += tensor.nbytes
         total += tensor.nbytes
-    config = model.config.to_hf_dict()
+    config = model.config.to_hf_dict() | dict(config_ids or {})
     config["dtype"] = str(np.dtype(dtype or next(iter(shards[0].values())).dtype))
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     if len(shards) == 1:
         save_file(shards[0], os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
-        return
+        return ["config.json", SINGLE_FILE]
     weight_map = {}
+    names = ["config.json", INDEX_FILE]
     for i, shard in enumerate(shards, start=1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in shard})
+        names.append(file)
     with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return names
