@@ -100,7 +100,8 @@ class Collector:
       workers_per_task: concurrent attempt chains per task.
       insight_after: one of `INSIGHT_AFTER`: "failure" (RLTL;DR) or "any" (SGE also summarises successes).
       exact_group_size: every task gets exactly `group_size` attempts (deterministic phases; see above).
-      progress: show a progress bar (tqdm) of finished attempts.
+      progress: show a progress bar of finished attempts (`rltldr_jax.progress`), labelled as the log names the
+        phase (`progress.phase_label`).
       max_parallel_attempts: with independent attempts (module doc), how many run at once (and how many
         environments exist); None = the engine's `max_batch` (64 if it has none), at least one per task.
     """
@@ -178,9 +179,9 @@ class Collector:
         writer_outputs: list[tuple[str, int, WriterOutput]] = []
         bar = None
         if self.progress:
-            from tqdm import tqdm
+            from rltldr_jax import progress
 
-            bar = tqdm(total=len(tasks) * self.group_size, desc=f"phase {phase}", unit="attempt", leave=False)
+            bar = progress.bar(len(tasks) * self.group_size, progress.phase_label(phase), unit="attempt")
 
         episode = dataclasses.replace(
             self.episode, seed=step_seed(self.episode.seed, "phase", phase, 0, 0)

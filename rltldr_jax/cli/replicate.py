@@ -22,6 +22,10 @@ arms, `sft_rollouts`). Every run compiles
 into and reads from one compilation cache (`compile.cache_dir`, by default the user's ~/.cache/rltldr_jax/xla, shared
 with every launcher), so the arms of a grid and its reruns compile each program once.
 
+On a terminal the command draws a bar of the grid (runs ended) and one line per piece going on (its step as the log
+names it, e.g. "grpo seed 0 · phase 4 update 2/8", and a run's environment steps with its ETA), and prints every line
+above them, the pieces' own output prefixed by their names; elsewhere (CI, nohup) it prints only the lines.
+
 `--jobs=N` runs N pieces of the grid (a seed's base checks, a run) at once, each in its own process (default: one per
 CPU core, at most 4; 1 for the gpu preset); a run's results do not depend on it. Launchers may also share one `--out`
 (e.g. disjoint `--arms` side by side, on several machines with a shared disk): a run, base policy or base check another

@@ -44,6 +44,7 @@ def base_checks(
       max_k: attempts per task of the sequential and latest-insight chains.
       num_tasks: hard training tasks measured (and easy tasks for the sanity check).
       easy_split: a split the public rules solve; "" skips that check.
+      progress: progress bars of every collection ("base checks", then "evaluation": `progress.phase_label`).
 
     Returns:
       (checks, curves): `checks` holds `iid_pass@1`, `iid_pass@{max_k}`, `iid_pass@{iid_samples}`,
@@ -97,7 +98,7 @@ def base_checks(
             float(sum(with_insight) / len(with_insight)) if with_insight else float("nan")
         )
         checks["insight_advantage"] = insight_advantage(records)
-        held_out, _ = evaluate(engine, builder, config, make_env=make_env, tag=0)
+        held_out, _ = evaluate(engine, builder, config, make_env=make_env, tag=0, progress=progress)
         held_in, _ = evaluate(
             engine,
             builder,
@@ -106,15 +107,19 @@ def base_checks(
             tag=0,
             tasks=eval_tasks(config, on_train_split=True),
             prefix="eval_train",
+            progress=progress,
         )
         checks["heldout_pass@1"] = held_out["eval/pass@1/all"]
         checks["heldin_pass@1"] = held_in["eval_train/pass@1/all"]
         for split, tasks in split_eval_tasks(config).items():  # eval.splits: a world's tiers, before any RL
-            measured, _ = evaluate(engine, builder, config, make_env=make_env, tag=0, tasks=tasks, prefix=split)
+            measured, _ = evaluate(
+                engine, builder, config, make_env=make_env, tag=0, tasks=tasks, prefix=split, progress=progress
+            )
             checks[f"{split}_pass@1"] = measured[f"{split}/pass@1/all"]
         if easy_split:
             easy = replace(config, {"env.eval_split": easy_split, "eval.num_tasks": num_tasks})
-            checks["easy_pass@1"] = evaluate(engine, builder, easy, make_env=make_env, tag=0)[0]["eval/pass@1/all"]
+            easy_eval = evaluate(engine, builder, easy, make_env=make_env, tag=0, progress=progress)
+            checks["easy_pass@1"] = easy_eval[0]["eval/pass@1/all"]
     finally:
         close_engine(engine)
     return checks, curves

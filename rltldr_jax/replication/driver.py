@@ -33,6 +33,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,9 +41,11 @@ from typing import IO, Any
 
 import numpy as np
 
+from rltldr_jax import strict_json
 from rltldr_jax.agent.collector import PhaseResult
 from rltldr_jax.analysis.insight_curves import MODES, CurveResult, plot_curves, write_curves
 from rltldr_jax.compile_cache import enable_compile_cache
+from rltldr_jax.progress import Board, attach, child_line
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import (
     Run,
@@ -111,6 +114,14 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
+def _start_worker(channels: tuple[Any, Any] | None) -> None:
+    """A worker process's start: a process group of its own (see `isolated`); with `channels` (a `ChildLine`'s), its
+    bars and its output go to its parent's line (`progress.attach`)."""
+    os.setpgrp()
+    if channels is not None:
+        attach(*channels)
+
+
 def _in_child(
     fn: Callable[..., Any], args: tuple, kwargs: dict, xla_cache: str | None, levels: dict[str, int], handler: bool
 ) -> Any:
@@ -142,11 +153,38 @@ def signal_workers(signum: int) -> None:
                 os.kill(process.pid, signum)
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While a worker process starts: `__main__` without its file path, so that the spawned worker does not run
+    the calling script again. Python's spawn start method re-imports a script's `__main__` in every child (the
+    `if __name__ == "__main__":` guard multiprocessing asks scripts for); a script or notebook calling
+    `run_replication` at its top level would otherwise start the grid again in each worker (or fail in
+    `multiprocessing.spawn`). What the workers run is in this package, imported by name, never from `__main__`."""
+    main = sys.modules.get("__main__")
+    with _MAIN_LOCK:
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+        for key in saved:
+            if key == "__file__":
+                del main.__dict__[key]
+            else:
+                main.__dict__[key] = None
+        try:
+            yield
+        finally:
+            if main is not None:
+                main.__dict__.update(saved)
+
+
 def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in a fresh process, with this process's logging levels and compilation cache (the
     directory this process uses, `compile_cache.enable_compile_cache`; none if it uses none); returns its result or
     raises its exception. Every run of a grid gets its own memory (compiled programs and engines are
-    freed when it ends), and a crash ends only that call.
+    freed when it ends), and a crash ends only that call. Called in a `progress.Board.task`, the worker's bars and
+    output are drawn by this process on the board's line for it (`progress.ChildLine`); else the worker writes to
+    this process's stdout and stderr.
 
     Called from the main thread, a signal to this process (`Interrupted`) is passed on to the worker once per signal
     and the call waits for it: a `Trainer` in the worker stops at its next safe point with a checkpoint (a second
@@ -159,33 +197,46 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # The worker leads a process group of its own: Ctrl-C in a terminal (the foreground group's signal) reaches this
     # launcher alone, which passes it on once (below), so one signal is one request in the worker too.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=os.setpgrp) as pool:
-        with _LIVE_LOCK:
-            _LIVE.add(pool)
-        try:
-            cache = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
-            future = pool.submit(_in_child, fn, args, kwargs, cache, levels, handler)
-            if threading.current_thread() is not threading.main_thread():
-                return future.result()
-            stop: Interrupted | None = None
-            while True:
-                try:
-                    result = future.result()
-                    break
-                except Interrupted as e:
-                    if future.done():  # the child's own stop (RunStopped: it says where it stopped and what it saved)
-                        raise
-                    # A signal to this launcher (Ctrl-C, Kubernetes' PID 1, `kill <pid>`): pass it on and wait. (A
-                    # scheduler that signals every process of a job, e.g. SLURM's scancel, reaches the worker twice:
-                    # it stops at once and resumes from its last checkpoint.)
-                    stop = e
-                    signal_workers(e.signum)
-            if stop is not None:  # the child finished anyway: stop the grid here
-                raise stop
-            return result
-        finally:
+    line = child_line()
+    channels = line.open(context) if line is not None else None
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=context, initializer=_start_worker, initargs=(channels,)
+        )
+        with pool:
             with _LIVE_LOCK:
-                _LIVE.discard(pool)
+                _LIVE.add(pool)
+            try:
+                cache = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+                with _main_not_rerun():  # (submit starts the worker)
+                    future = pool.submit(_in_child, fn, args, kwargs, cache, levels, handler)
+                if line is not None:
+                    line.started()  # (submit started the worker: it holds its ends of the line's pipes now)
+                if threading.current_thread() is not threading.main_thread():
+                    return future.result()
+                stop: Interrupted | None = None
+                while True:
+                    try:
+                        result = future.result()
+                        break
+                    except Interrupted as e:
+                        # The child's own stop (RunStopped: it says where it stopped and what it saved).
+                        if future.done():
+                            raise
+                        # A signal to this launcher (Ctrl-C, Kubernetes' PID 1, `kill <pid>`): pass it on and wait. (A
+                        # scheduler that signals every process of a job, e.g. SLURM's scancel, reaches the worker
+                        # twice: it stops at once and resumes from its last checkpoint.)
+                        stop = e
+                        signal_workers(e.signum)
+                if stop is not None:  # the child finished anyway: stop the grid here
+                    raise stop
+                return result
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.discard(pool)
+    finally:
+        if line is not None:  # (the pool has ended: so has the worker, and its output is all in the pipe)
+            line.finish()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +395,7 @@ def seed_checks(
     elif os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        return saved["checks"], saved["curves"]
+        return strict_json.nan_for_null(saved["checks"]), strict_json.nan_for_null(saved["curves"])
     c = replace(config, {"workdir": out})
     checks, curves = base_checks(c, progress=progress, max_k=config.rollout.group_size, **sizes)
     write_curves(curves, out)
@@ -358,7 +409,7 @@ def seed_checks(
     os.makedirs(out, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(saved, f, indent=1)
+        strict_json.dump(saved, f, indent=1)  # (a NaN as null: read back as NaN)
     os.replace(tmp, path)
     return checks, saved["curves"]
 
@@ -375,7 +426,8 @@ def saved_checks(out: str) -> tuple[dict[int, dict[str, float]], dict[int, dict[
         if name[:1] == "s" and name[1:].isdigit() and os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 saved = json.load(f)
-            checks[int(name[1:])], curves[int(name[1:])] = saved["checks"], saved["curves"]
+            checks[int(name[1:])] = strict_json.nan_for_null(saved["checks"])
+            curves[int(name[1:])] = strict_json.nan_for_null(saved["curves"])
             n_tasks += list(saved.get("n_tasks", {}).values())
     return dict(sorted(checks.items())), dict(sorted(curves.items())), min(n_tasks) if n_tasks else None
 
@@ -488,7 +540,7 @@ def run_replication(
     order: Sequence[str] = (),
     restart: bool = False,
     jobs: int = 1,
-    progress: bool = False,
+    progress: bool | IO[str] = False,
     analysis: Analysis | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
@@ -500,7 +552,10 @@ def run_replication(
     seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
     results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x
     faster with `jobs=2` (one process already keeps 1.1 cores busy, and two slow each other down); more cores gain
-    more. With `jobs > 1` the pieces show no progress bars of their own (`progress` still shows the grid's).
+    more. `progress` (True: on stderr, or a text stream) draws the grid's bar (runs ended) and a line per piece going
+    on, with its step and its count and ETA (a run's: environment steps against its budget), and writes `echo`'s
+    lines and the pieces' output (prefixed by their names) above them (`progress.Board`); it changes nothing they
+    compute. Without it (e.g. when stderr is not a terminal) there are only the lines.
 
     Raises:
       GridError: `out` holds runs or base checks made with other settings (before anything runs; `restart=True`
@@ -518,7 +573,11 @@ def run_replication(
         refuse_stale(runs, {seed: configs[keys[seed][0]] for seed in seeds}, out, sizes)
     base: dict[int, dict[str, float]] = {}
     t0 = time.time()
-    child_progress = progress and jobs == 1  # (several processes' progress bars would garble each other)
+    board: Board | None = None  # (made below, once the pieces are planned)
+
+    def shown(name: str) -> contextlib.AbstractContextManager[None]:
+        """A worker started in the block gets a line `name` on the board."""
+        return board.task(name) if board is not None else contextlib.nullcontext()
 
     def base_policies(seed: int) -> None:
         t = time.time()
@@ -531,7 +590,8 @@ def run_replication(
                 if c.pretrain.steps > 0 and not os.path.isfile(os.path.join(c.model.checkpoint, "pretrain.json")):
                     missing.setdefault(c.model.checkpoint, c)
             for path, c in missing.items():
-                made = isolated(pretrain, c, progress=child_progress)
+                with shown(f"seed {seed}"):
+                    made = isolated(pretrain, c, progress=board is not None)
                 if made != path:
                     raise RuntimeError(f"pretraining wrote {made}, not {path}")
         others = sorted({configs[k].model.checkpoint for k in keys[seed]} - {pretrained.model.checkpoint})
@@ -542,35 +602,40 @@ def run_replication(
 
     def base_checks_of(seed: int) -> None:
         t = time.time()
-        with held(os.path.join(out, LOCKS, f"s{seed}"), f"seed {seed}: the base policy and its checks", echo):
+        with (
+            held(os.path.join(out, LOCKS, f"s{seed}"), f"seed {seed}: the base policy and its checks", echo),
+            shown(f"seed {seed}"),
+        ):
             base[seed], _ = isolated(
                 seed_checks,
                 configs[keys[seed][0]],
                 os.path.join(out, "base", f"s{seed}"),
-                progress=child_progress,
+                progress=board is not None,
                 restart=restart,
                 **sizes,
             )
         echo(f"seed {seed}: base checks ({time.time() - t:.0f} s): {checks_line(base[seed])}")
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(runs), desc="grid", unit="run")
     failed: dict[str, str] = {}  # workdir -> why
+
+    def ended() -> None:
+        if board is not None:
+            board.advance(1, f"{len(failed)} failed" if failed else None)
 
     def train(run: Run) -> None:
         t = time.time()
         if run.depends_on in failed:
             failed[run.workdir] = f"{run.name} needs {run.depends_on}, which failed"
             echo(f"{run.arm} seed {run.seed}: SKIPPED ({failed[run.workdir]})")
+            ended()
             return
         try:
-            summary = _run(run, restart=restart, progress=child_progress, echo=echo)
+            with shown(f"{run.arm} seed {run.seed}"):
+                summary = _run(run, restart=restart, progress=board is not None, echo=echo)
         except Exception as e:  # (a crashed process too) the other runs go on; the grid reports it at the end
             failed[run.workdir] = f"{run.name}: {type(e).__name__}: {e}"
             echo(f"{run.arm} seed {run.seed}: FAILED ({type(e).__name__}: {e}); rerun the grid to resume it")
+            ended()
             return
         if run.shared_with:
             record_shared(run, out)
@@ -583,8 +648,7 @@ def run_replication(
             f"with insights {_pct(summary['train_pass1_insight'])} % | "
             f"{summary['env_steps']:,} env steps | {(time.time() - t) / 60:.1f} min"
         )
-        if bar is not None:
-            bar.update(1)
+        ended()
 
     # Seed by seed: its base policy, then its checks and its runs (a run needs its seed's base policy; an arm that
     # shares another's run, or trains on its rollouts, comes after it), `jobs` at a time, so that a long grid finishes
@@ -605,11 +669,11 @@ def run_replication(
                 after.append(run.depends_on)
             key = run.workdir if not run.shared_with else f"{run.workdir} as {run.arm}"
             tasks.append(Task(key, functools.partial(train, run), tuple(after)))
-    try:
+    if progress:
+        board = Board(None if isinstance(progress, bool) else progress, total=len(runs))
+        echo = board.through(echo)  # (the pieces above read `echo` when they run)
+    with board if board is not None else contextlib.nullcontext():
         run_tasks(tasks, jobs)
-    finally:
-        if bar is not None:
-            bar.close()
     order = list(order) or list(dict.fromkeys(arm for arm, _ in configs))
     paths = write_report(out, order=order, title=title, n_tasks=sizes.get("num_tasks"), analysis=analysis, echo=echo)
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
