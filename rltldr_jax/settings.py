@@ -486,6 +486,32 @@ class Pretrain:
     shipped: bool = setting(True)
 
 
+# --- Logging (not in the paper) ------------------------------------------------------------------------
+@_frozen
+class Logging:
+    """`logging.*`: where a run's metrics go besides the two records every run writes: `{workdir}/metrics.jsonl` (one
+    JSON object per phase and evaluation, the source of truth the replication and the analyses read) and TensorBoard
+    (`{workdir}/tb`: every metric at three x-axes, the config under HPARAMS). Every run also saves its config as
+    `{workdir}/config.json` (rewritten when a resumed run changes keys). rltldr_jax/train/loggers.py writes them."""
+
+    # Weights & Biases: the run's config as the W&B run's config, and every metric under its TensorBoard name with
+    # the x-axes env_steps (default), tokens and walltime_s to choose from (an offline SFT run: optimizer_steps,
+    # walltime_s). A resumed run continues the same W&B run (its id is kept in {workdir}/wandb_run.json); phases a
+    # stopped run logged after its checkpoint are logged again there (W&B keeps both, TensorBoard the new ones).
+    # Only process 0 of a multi-process job logs. Needs the wandb package: pip install -e '.[wandb]'.
+    wandb: bool = setting(False)
+    wandb_project: str = setting("")  # W&B project; "" = $WANDB_PROJECT if set, else rltldr
+    wandb_entity: str = setting("")  # W&B entity (user or team); "" = wandb's default ($WANDB_ENTITY, your account)
+    wandb_group: str = setting("")  # W&B run group (e.g. one per grid, so that its seeds plot together); "" = none
+    # online: streamed to the W&B server (after `wandb login`, or with $WANDB_API_KEY) | offline: written on disk
+    # only, uploaded later with `wandb sync DIR` (a resumed run adds a directory with the same run id: sync them in
+    # order) | disabled: nothing is written | "" = wandb's default ($WANDB_MODE, else online)
+    wandb_mode: str = setting("", choices=("", "online", "offline", "disabled"))
+    # where wandb writes its files (a wandb/ directory below it: offline runs, logs); "" = $WANDB_DIR if set, else
+    # the run's workdir
+    wandb_dir: str = setting("")
+
+
 @_frozen
 class Settings:
     """A run's settings, the paper's RLTL;DR by default (SAPI/AppWorld column of Table 4)."""
@@ -510,6 +536,7 @@ class Settings:
     eval: Eval = section(Eval)
     sft: Sft = section(Sft)
     pretrain: Pretrain = section(Pretrain)
+    logging: Logging = section(Logging)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -42,3 +42,9 @@ def test_an_arm_that_is_another_arms_runs_is_one_row_named_after_both():
 def test_base_checks_keep_one_unit_per_kind():
     table = base_table({0: {"iid_pass@64": 0.0, "sequential_pass@8": 0.604, "insight_advantage": 0.256}})
     assert "| sequential_pass@8 | 60.4 |" in table and "| insight_advantage (points) | +25.6 |" in table
+
+
+def test_the_row_is_named_after_the_arm_whose_runs_they_are_whatever_the_order():
+    first = [_summary("lambda_0.03", 0, "out/runs/rltldr-s0", 0.2), _summary("rltldr", 0, "out/runs/rltldr-s0", 0.2)]
+    assert arm_names(first) == {"rltldr": "rltldr (= lambda_0.03)"}
+    assert arm_names(first[::-1]) == {"rltldr": "rltldr (= lambda_0.03)"}

@@ -64,7 +64,6 @@ import csv
 import dataclasses
 import fractions
 import functools
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from rltldr_jax import strict_json
 from rltldr_jax.checkpoint import split_step  # `DIR[:STEP]` parsing, shared with checkpoint.load_model
 from rltldr_jax.mismatch import listing, mismatch_problems
 
@@ -881,6 +881,6 @@ def write_rows(
             w.writerows(rows)
     elif path.endswith(".json"):
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({**(meta or {}), "rows": list(rows)}, f, indent=2)
+            strict_json.dump({**(meta or {}), "rows": list(rows)}, f, indent=2)  # (a NaN as null)
     else:
         raise ValueError(f"--out={path!r}: the file must end in .csv or .json")

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rltldr_jax import strict_json
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.analysis.reliance import masked_logprob_sums
 from rltldr_jax.envs import Task
@@ -178,7 +179,7 @@ def _cached_rows(workdir: str, sets: Sequence[str], num_tasks: int) -> list[dict
             ckpt.close()
         if not kept <= {r["step"] for r in saved["rows"]}:
             return None
-    return saved["rows"]
+    return strict_json.nan_for_null(saved["rows"])  # (every value is a number but "set")
 
 
 def probe_grid(
@@ -221,7 +222,7 @@ def probe_grid(
             saved = {"sets": list(sets), "num_tasks": num_tasks, "rows": run_rows}
             tmp = os.path.join(workdir, f"{PROBES_FILE}.tmp-{os.getpid()}")
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(saved, f, indent=0)
+                strict_json.dump(saved, f, indent=0)  # (a NaN as null: read back as NaN)
             os.replace(tmp, os.path.join(workdir, PROBES_FILE))
             echo(f"probed {summary['arm']} seed {summary['seed']}")
         rows += [{"arm": summary["arm"], "seed": summary["seed"], **row} for row in run_rows]

@@ -34,6 +34,7 @@ from rltldr_jax.models.presets import checkpoint_needed_error, preset_error
 from rltldr_jax.settings import Settings, as_dict, value_errors
 from rltldr_jax.sharding import mesh_sizes_error
 from rltldr_jax.train.batching import length_buckets_error
+from rltldr_jax.train.loggers import wandb_error
 from rltldr_jax.train.step import lr_decay_error, weight_decay_error
 
 
@@ -147,6 +148,7 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
             mesh_sizes_error(c.mesh.data, c.mesh.fsdp, c.mesh.tensor),
             decode_group_error(c.engine.max_batch, c.engine.decode_group, prefix="engine."),
             length_buckets_error(c.batch.length_buckets, c.batch.pad_to_multiple, c.rollout.max_context_tokens),
+            wandb_error(c.logging.wandb),
         ],
     )
     if c.loss.insight_rollouts != "in_context" and c.insight.schedule == "never":
@@ -232,6 +234,7 @@ PATH_KEYS = (
     "sft.rollouts_dir",
     "pretrain.cache_dir",
     "compile.cache_dir",
+    "logging.wandb_dir",
 )
 
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rltldr_jax import strict_json
 from rltldr_jax.replication.measures import eval_measures
 from rltldr_jax.settings import Settings, as_dict, replace
 from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free, run_contents
@@ -47,13 +48,22 @@ SHARED = "shared"
 RESULT_KEYS = ("train.env_step_budget", "train.max_phases", "train.overlap_phases", "eval.")
 #: The with-insight Pass@1 of a run is the mean over its last phases that had insight-conditioned attempts.
 LAST_PHASES = 5
+#: The keys of a summary that hold numbers (or mappings of numbers): a NaN is written as null and read back as NaN.
+NUMBERS = (
+    "train_pass1_no_insight",
+    "heldout_pass1_no_insight",
+    "train_pass1_insight",
+    "train_pass1_no_insight_best",
+    "walltime_s",
+    "final",
+)
 
 
 def config_digest(config: Settings) -> str:
-    """A hash of what a run trains (name and workdir excluded): equal digests mean identical runs."""
+    """A hash of what a run trains (name, workdir and logging excluded): equal digests mean identical runs."""
     d = as_dict(config)
-    d.pop("name", None)
-    d.pop("workdir", None)
+    for key in ("name", "workdir", "logging"):
+        d.pop(key, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -131,12 +141,20 @@ class StaleRunError(ValueError):
 
 
 def read_summary(workdir: str) -> dict[str, Any] | None:
-    """A finished run's summary, or None."""
+    """A finished run's summary, or None. Its numbers come back as written, a `null` (a NaN, in strict JSON) as NaN."""
     path = os.path.join(workdir, SUMMARY)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        summary = json.load(f)
+    for key in NUMBERS:
+        if key in summary:
+            summary[key] = strict_json.nan_for_null(summary[key])
+    measures = summary.get("measures", {})
+    for key in ("final", "selected", "auc"):
+        if key in measures:
+            measures[key] = strict_json.nan_for_null(measures[key])
+    return summary
 
 
 def _checkpoint_config(workdir: str) -> dict[str, Any] | None:
@@ -329,11 +347,17 @@ def run_one(run: Run, *, restart: bool = False, progress: bool = False) -> dict[
         walltime = time.time() - trainer.start_time  # a resumed trainer's clock includes the time before the stop
         metrics = None
     summary = summarize_run(run, walltime_s=walltime, sft_metrics=metrics)
-    tmp = os.path.join(run.workdir, f"{SUMMARY}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, default=float)
-    os.replace(tmp, os.path.join(run.workdir, SUMMARY))
+    write_summary(run.workdir, summary)
     return summary
+
+
+def write_summary(workdir: str, summary: Mapping[str, Any]) -> None:
+    """Writes a run's summary to `{workdir}/summary.json` in one step, as strict JSON (a NaN as `null`, which
+    `read_summary` gives back as NaN)."""
+    tmp = os.path.join(workdir, f"{SUMMARY}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        strict_json.dump(summary, f, indent=1, default=float)
+    os.replace(tmp, os.path.join(workdir, SUMMARY))
 
 
 def _trainer(run: Run, *, redo: bool, restart: bool, progress: bool) -> Any:

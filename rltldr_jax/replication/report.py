@@ -92,14 +92,22 @@ def arm_names(summaries: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     runs = {
         arm: sorted(str(s.get("workdir", "")) for s in summaries if s["arm"] == arm) for arm in arm_order(summaries)
     }
-    same: dict[str, list[str]] = {}  # arm shown -> the later arms that are its runs
+    same: dict[str, list[str]] = {}  # arm shown -> the other arms that are its runs
     for arm, workdirs in runs.items():
         owner = next((a for a in same if all(workdirs) and runs[a] == workdirs), None)
         if owner is None:
             same[arm] = []
+        elif _runs_arm(workdirs) == arm:  # the runs are named after this arm (runs/rltldr-s0): it names the row
+            same = {(arm if a == owner else a): ([owner, *also] if a == owner else also) for a, also in same.items()}
         else:
             same[owner].append(arm)
     return {arm: arm + (f" (= {', '.join(also)})" if also else "") for arm, also in same.items()}
+
+
+def _runs_arm(workdirs: Sequence[str]) -> str:
+    """The arm a run's directory is named after (`runs/rltldr-s0` -> rltldr), "" when they disagree."""
+    names = {os.path.basename(w.rstrip("/")).rpartition("-s")[0] for w in workdirs}
+    return names.pop() if len(names) == 1 else ""
 
 
 def table_legend(summaries: Sequence[Mapping[str, Any]]) -> str:

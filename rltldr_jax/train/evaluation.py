@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -21,10 +20,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rltldr_jax import strict_json
 from rltldr_jax.agent.collector import Collector, PhaseResult
 from rltldr_jax.agent.episode import EpisodeConfig
 from rltldr_jax.agent.eval_set import attempt_records, eval_tasks, split_eval_tasks
 from rltldr_jax.agent.schedule import InsightSchedule
+from rltldr_jax.chat_template import check_chat_format
 from rltldr_jax.engines.engine import GenerationEngine
 from rltldr_jax.envs import Env, Task, get_spec
 from rltldr_jax.metrics import summarize
@@ -350,6 +351,7 @@ def evaluate_checkpoint(config: Settings, checkpoint: str | None = None, out: st
     policy = eval_policy(config, checkpoint, progress=sys.stderr.isatty())
     model, what, step = policy.model, policy.what, policy.step
     builder = context_builder(config, policy.tokenizer)
+    check_chat_format(builder)  # our contexts = the checkpoint's chat template
     workdir = workdir_of(config)
     engine = policy_engine(EngineConfig.of(config), model, workdir=workdir)
     t0 = time.time()
@@ -376,7 +378,7 @@ def evaluate_checkpoint(config: Settings, checkpoint: str | None = None, out: st
         out = os.path.join(workdir, "eval", f"eval_{tag}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1, default=float)
+        strict_json.dump(report, f, indent=1, default=float)  # (a NaN metric as null)
     k = config.eval.attempts_per_task
     print(f"{what}: {len(per_task)} tasks × {k} attempts of {config.env.name}/{config.env.eval_split}")
     print(f"  macro Pass@1 = {metrics['eval/pass@1/all']:.4f}   macro Pass@{k} = {metrics[f'eval/pass@{k}/all']:.4f}")

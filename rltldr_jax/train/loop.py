@@ -7,8 +7,9 @@
 One phase: `rollout.tasks_per_phase` tasks from the task cursor; the collector runs ≥ K attempts per task with
 insights inserted by the schedule; `phase_examples` turns attempts into one example per step (advantages,
 filters, masks); `batch.ppo_epochs` passes of jitted `train_step`s (shuffled each epoch); the new weights go to
-the engine with version = phase + 1. TensorBoard gets the deconfounded metrics with the environment-step count
-as x-axis (and tokens / walltime variants); checkpoints hold params, optimizer state, RNG, the task cursor and
+the engine with version = phase + 1. TensorBoard (and W&B with `logging.wandb`: train/loggers.py) gets the
+deconfounded metrics with the environment-step count as x-axis (and tokens / walltime variants), and
+`{workdir}/config.json` the run's config; checkpoints hold params, optimizer state, RNG, the task cursor and
 the counters, so `resume=True` continues where the run stopped (train/resume.py: a fresh run never reuses a
 workdir that holds one, changed config keys are logged and checked, what a killed phase left is moved aside). The
 `kl` loss term's reference policy is not checkpointed: a resumed run builds it from `model.checkpoint` as the fresh
@@ -49,11 +50,13 @@ main thread and `time/prefetch_wait_s` how long the weight push waited for the b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -66,6 +69,7 @@ from rltldr_jax.agent.insight import InsightWriter
 from rltldr_jax.agent.rollout_files import save_phase
 from rltldr_jax.agent.schedule import InsightSchedule
 from rltldr_jax.agent.step_examples import Example
+from rltldr_jax.chat_template import check_chat_format
 from rltldr_jax.checkpoint import Checkpointer, CorruptCheckpointError
 from rltldr_jax.distributed import from_main_process, gather_objects, is_main_process
 from rltldr_jax.engines.engine import OnMainProcess
@@ -77,6 +81,7 @@ from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import context_builder
 from rltldr_jax.train.batching import ExampleConfig, length_buckets, pack, phase_examples
 from rltldr_jax.train.evaluation import evaluate_all
+from rltldr_jax.train.loggers import open_loggers
 from rltldr_jax.train.report import MetricsLog, eval_line, phase_line
 from rltldr_jax.train.resume import (
     check_config_changes,
@@ -87,9 +92,8 @@ from rltldr_jax.train.resume import (
     start_undo,
 )
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, optimizer_of
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, check_logprob_gap, learning_rate_of, optimizer_of
 from rltldr_jax.train.stopping import Interrupted, RunStopped, StopSignals, signal_name
-from rltldr_jax.train.summary import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,9 @@ class Trainer:
       resume_step: resume from this checkpoint step (implies `resume`; no fallback).
       allow_config_change: on resume, accept changes of keys that define what the run trains (loss, optimizer,
         rollout, insight, env, model, seed, ...; `resume.RESUME_FREE_KEYS` lists those that may always change).
-      progress: progress bars for collection and the update.
+      progress: progress bars (`rltldr_jax.progress`): while `run` goes on, one of the whole run (environment steps
+        against `train.env_step_budget`, else phases against `train.max_phases`; log lines are written through it),
+        and one of each collection and update, labelled as the log names the phase.
     """
 
     def __init__(
@@ -158,6 +164,7 @@ class Trainer:
         self.eval_sets = split_eval_tasks(config)
         self.tokenizer = policy_tokenizer(config)
         self.builder = context_builder(config, self.tokenizer)
+        check_chat_format(self.builder)  # our contexts = the checkpoint's chat template, before anything heavy
         # The typed settings of the library parts, built once from the config.
         self.example_config = ExampleConfig.of(config)
         self.update_config = UpdateConfig.of(config)
@@ -220,8 +227,15 @@ class Trainer:
             exact_group_size=config.rollout.exact_group_size,
             progress=progress,
         )
-        # On resume, TensorBoard discards what the stopped run logged after the restored counts.
-        self.summary = SummaryWriter(os.path.join(self.workdir, "tb"), resumed_at=self._resumed_at if resume else None)
+        # config.json, W&B (logging.wandb) and TensorBoard; on resume TensorBoard discards what the stopped run logged
+        # after the restored counts, and W&B continues the stopped run's W&B run.
+        self.loggers = open_loggers(
+            config,
+            self.workdir,
+            resume=resume,
+            resumed_at=self._resumed_at if resume else None,
+            start_time=self.start_time,
+        )
         self.metrics_log = MetricsLog(os.path.join(self.workdir, "metrics.jsonl"), keep_through_phase=self.phase)
         self.nonfinite = NonFiniteGuard(config.train.max_nonfinite_skips)
 
@@ -263,10 +277,38 @@ class Trainer:
             once (train/stopping.py).
         """
         try:
-            with StopSignals(defer=True) as signals:
+            with StopSignals(defer=True) as signals, self._run_progress():
                 self._run(signals)
         finally:
             self.close()
+
+    #: `run`'s bar of the whole run (with `progress`), and whether it counts environment steps (else phases).
+    _run_bar: Any = None
+    _run_bar_steps = True
+
+    @contextlib.contextmanager
+    def _run_progress(self) -> Iterator[None]:
+        """With `progress`, while `run` goes on: the run's bar (`_run_bar`, advanced by `_train_phase`) and the log
+        lines written through the bars."""
+        if not self.progress:
+            yield
+            return
+        from rltldr_jax import progress
+
+        t = self.config.train
+        self._run_bar_steps = bool(t.env_step_budget) or not t.max_phases
+        self._run_bar = progress.bar(
+            t.env_step_budget or t.max_phases or None,
+            f"phase {self.phase + 1}",  # (the phase it goes on with; "phase N done" after each)
+            unit="env step" if self._run_bar_steps else "phase",
+            initial=self.env_steps if self._run_bar_steps else self.phase,
+        )
+        try:
+            with progress.lines_through_bars():
+                yield
+        finally:
+            self._run_bar.close()
+            self._run_bar = None
 
     def _run(self, signals: StopSignals) -> None:
         overlap = self.config.train.overlap_phases
@@ -453,6 +495,7 @@ class Trainer:
         metrics = {
             **{f"rollout/{k}": v for k, v in summarize(records, c.eval.attempts_per_task).items()},
             **{f"update/{k}": v for k, v in update.items()},
+            "update/learning_rate": learning_rate_of(c.optim, self.update.opt_state),  # (its last optimizer step's)
             "rollout/malformed_fraction": float(np.mean([a.end == "malformed" for a in result.attempts])),
             "rollout/weight_version_gap/mean": float(np.mean(gaps)),
             "rollout/weight_version_gap/max": float(max(gaps)),
@@ -470,9 +513,12 @@ class Trainer:
             "progress/phase": float(self.phase),
             "progress/tokens": float(self.tokens),
         }
-        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        self.loggers.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
         self.metrics_log.write("phase", self.phase, self.env_steps, metrics)
         log.info(phase_line(self.phase, self.env_steps, metrics))
+        if self._run_bar is not None:
+            self._run_bar.update(result.env_steps if self._run_bar_steps else 1)
+            self._run_bar.set_description(f"phase {self.phase} done")
         if c.train.checkpoint_every and self.phase % c.train.checkpoint_every == 0:
             self.save()
         return metrics
@@ -485,7 +531,7 @@ class Trainer:
         metrics = from_main_process(
             self._evaluate_here
         )  # the engines live on process 0; every process gets its metrics
-        self.summary.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
+        self.loggers.scalars(metrics, self.env_steps, tokens=self.tokens, walltime=time.time() - self.start_time)
         self.metrics_log.write("eval", self.phase, self.env_steps, metrics)
         log.info(
             eval_line(
@@ -598,13 +644,14 @@ class Trainer:
 
     def close(self) -> None:
         """Cancels a phase still being collected in the background (its thread is joined first), waits for the
-        checkpoint in flight, closes the event files and the engines, and releases the workdir's lock."""
+        checkpoint in flight, closes the loggers (a W&B run ended by an exception is marked failed) and the engines,
+        and releases the workdir's lock."""
         try:
             self._discard_prefetch()
             self.checkpoints.wait_until_finished()
         finally:
             try:
-                self.summary.close()
+                self.loggers.close(sys.exc_info()[1])  # (the exception propagating through run(), if any)
                 for engine in (self.engine, self.teacher):
                     close_engine(engine)
             finally:
@@ -684,9 +731,9 @@ def update_phase(
     per_epoch = -(-len(examples) // (config.micro_batch_size * config.grad_accum_steps))
     bar = None
     if progress:
-        from tqdm import tqdm
+        from rltldr_jax import progress as bars
 
-        bar = tqdm(total=config.ppo_epochs * per_epoch, desc=f"update {phase}", unit="step", leave=False)
+        bar = bars.bar(config.ppo_epochs * per_epoch, f"{bars.phase_label(phase)} update", unit="step")
     try:
         for _ in range(config.ppo_epochs):
             shuffled = [examples[i] for i in order_rng.permutation(len(examples))]

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rltldr_jax import strict_json
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.agent.step_examples import Example
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
@@ -213,9 +214,9 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
     window: list[float] = []
     bar = None
     if progress:
-        from tqdm import tqdm
+        from rltldr_jax import progress as bars
 
-        bar = tqdm(total=p.steps, desc="pretrain", unit="step", leave=False)
+        bar = bars.bar(p.steps, "pretrain", unit="step")
     step = 0
     while step < p.steps:
         pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
@@ -259,7 +260,7 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
         "seed": config.seed,
     }
     with open(os.path.join(tmp, "pretrain.json"), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
+        strict_json.dump(record, f, indent=1)  # (a NaN loss as null)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     os.replace(tmp, out)
     log.info("pretrained %s in %.0f s (final NLL %.4f)", out, record["seconds"], curve[-1][1])

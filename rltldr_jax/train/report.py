@@ -22,6 +22,7 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 
+from rltldr_jax import strict_json
 from rltldr_jax.distributed import is_main_process
 
 NAN = float("nan")
@@ -84,11 +85,6 @@ def eval_line(phase: int, metrics: Mapping[str, float], *, attempts_per_task: in
     )
 
 
-def _json_value(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 class MetricsLog:
     """Appends one JSON object per phase / evaluation to `path` (see the module docstring).
 
@@ -120,14 +116,9 @@ class MetricsLog:
         """Appends one record (`kind` "phase" or "eval") and closes the file, so a kill loses nothing written."""
         if not self.enabled:
             return
-        record = {
-            "kind": kind,
-            "phase": phase,
-            "env_steps": env_steps,
-            **{k: _json_value(v) for k, v in metrics.items()},
-        }
+        record = {"kind": kind, "phase": phase, "env_steps": env_steps, **{k: float(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+            f.write(strict_json.dumps(record) + "\n")
 
 
 def run_summary(workdir: str, *, launch_dir: str | None, config_args: Sequence[str], rollouts: bool = True) -> str:
@@ -145,6 +136,7 @@ def run_summary(workdir: str, *, launch_dir: str | None, config_args: Sequence[s
         ("checkpoints", os.path.join(workdir, "checkpoints")),
         ("TensorBoard", os.path.join(workdir, "tb")),
         ("metrics", os.path.join(workdir, "metrics.jsonl")),
+        ("config", os.path.join(workdir, "config.json")),
     ]
     if rollouts:
         outputs.append(("rollouts", os.path.join(workdir, "rollouts")))

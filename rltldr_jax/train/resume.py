@@ -55,6 +55,7 @@ RESUME_FREE_KEYS = (
     "compile.",
     "pretrain.cache_dir",
     "pretrain.shipped",
+    "logging.",
 )
 
 
@@ -227,20 +228,21 @@ def start_undo(workdir: str, *, restart: bool) -> Callable[[IO[str] | FollowerLo
     named in a warning. The workdir is then as the failed start found it (a restart's old run stays where it was
     moved)."""
     existed = os.path.isdir(workdir)
-    had_lock = os.path.exists(os.path.join(workdir, LOCK)) and not restart
-    before = set(os.listdir(workdir)) if existed and not restart else set()
+    found = set(os.listdir(workdir)) if existed else set()
 
     def undo(lock: IO[str] | FollowerLock | None) -> None:
         if lock is not None:
             lock.close()
         if not distributed.is_main_process() or not os.path.isdir(workdir):
             return
+        # A restart that claimed the workdir moved what it found aside: everything there now is this start's. A
+        # refused claim (lock None) made nothing but maybe the lock file, and another process's lock file stays.
+        before = set() if restart and lock is not None else found
         kept = []
         for name in sorted(set(os.listdir(workdir)) - before):
             path = os.path.join(workdir, name)
             if name == LOCK:
-                if not had_lock:
-                    os.unlink(path)
+                os.unlink(path)
             elif _holds_files(path):
                 kept.append(name)
             else:

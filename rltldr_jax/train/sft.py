@@ -11,7 +11,8 @@
   With `sft.deduplicate`, each unique (task, insight) pair is one example with that insight alone.
 Training: `sft.epochs` passes (10 in §5.1), AdamW at `sft.learning_rate`, mean token NLL (the trainer's SFT term with
 λ = 1 and no GRPO term), the same sharded step as RL. Then a checkpoint (`{workdir}/checkpoints`, step = epochs) and
-the held-out evaluation. TensorBoard: `sft/nll` per epoch at the optimizer-step count.
+the held-out evaluation. TensorBoard (and W&B with `logging.wandb`): `sft/nll` and `sft/learning_rate` per epoch at
+the optimizer-step count; `{workdir}/config.json`: the run's config.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +30,7 @@ import numpy as np
 from rltldr_jax.agent.eval_set import split_eval_tasks
 from rltldr_jax.agent.rollout_files import RolloutRecord, load_rollouts
 from rltldr_jax.agent.step_examples import Example, attempt_examples
+from rltldr_jax.chat_template import check_chat_format
 from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.distributed import from_main_process
 from rltldr_jax.engines.factory import EngineConfig, close_engine, policy_engine
@@ -36,10 +39,10 @@ from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import ContextBuilder, Insight, context_builder
 from rltldr_jax.train.batching import insight_prefix_example, length_buckets, pack
 from rltldr_jax.train.evaluation import evaluate_all
+from rltldr_jax.train.loggers import SFT_AXES, open_loggers
 from rltldr_jax.train.resume import claim_workdir, start_undo
 from rltldr_jax.train.setup import ShardedUpdate, build_policy, env_maker, policy_tokenizer, workdir_of
-from rltldr_jax.train.step import LossConfig, NonFiniteGuard, optimizer_of
-from rltldr_jax.train.summary import SummaryWriter
+from rltldr_jax.train.step import LossConfig, NonFiniteGuard, learning_rate_of, optimizer_of
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,7 @@ def run_sft(config: Settings, *, progress: bool = False, restart: bool = False) 
 def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]:
     sets = split_eval_tasks(config)  # eval.splits: an unknown split stops here, before anything trains
     builder = context_builder(config, policy_tokenizer(config))
+    check_chat_format(builder)  # our contexts = the checkpoint's chat template
     s = config.sft
     data = sft_examples(
         load_rollouts(s.rollouts_dir),
@@ -161,7 +165,7 @@ def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]
         LossConfig(lam=1.0, grpo_coef=0.0),
         micro_batch_size=config.batch.micro_batch_size,
     )
-    summary = SummaryWriter(os.path.join(workdir, "tb"))
+    loggers = open_loggers(config, workdir, axes=SFT_AXES)  # config.json, W&B (logging.wandb), TensorBoard
     b = config.batch
     buckets = length_buckets(b.length_buckets, b.pad_to_multiple, config.rollout.max_context_tokens)
     steps, t0 = 0, time.time()
@@ -188,8 +192,12 @@ def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]
                 steps += 1
                 guard.record(step_metrics, f"epoch {epoch + 1}, optimizer step {steps}")
             metrics["sft/nll"] = float(np.mean(nll))
-            summary.scalars(
-                {"sft/nll": metrics["sft/nll"], "sft/epoch": float(epoch + 1)},
+            loggers.scalars(
+                {
+                    "sft/nll": metrics["sft/nll"],
+                    "sft/epoch": float(epoch + 1),
+                    "sft/learning_rate": learning_rate_of(config.optim, update.opt_state, s.learning_rate),
+                },
                 steps,
                 tokens=0,
                 walltime=time.time() - t0,
@@ -216,8 +224,8 @@ def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]
                 close_engine(engine)
 
         evaluation = from_main_process(evaluate_here)
-        summary.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
+        loggers.scalars(evaluation, steps, tokens=0, walltime=time.time() - t0)
         metrics |= evaluation | {"sft/optimizer_steps": float(steps), "sft/skipped_nonfinite": float(guard.total)}
     finally:
-        summary.close()
+        loggers.close(sys.exc_info()[1])  # (a W&B run ended by an exception is marked failed)
     return metrics

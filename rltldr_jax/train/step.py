@@ -293,6 +293,22 @@ def optimizer_of(optim: Optim, learning_rate: float | None = None) -> optax.Grad
     return build(make_optimizer, optim, **({} if learning_rate is None else {"learning_rate": learning_rate}))
 
 
+def learning_rate_of(optim: Optim, opt_state: Any, learning_rate: float | None = None) -> float:
+    """The learning rate of the last optimizer step `opt_state` has taken (of the first step before any): the
+    `optim.*` schedule (`learning_rate_schedule`) at the state's step count minus one. Skipped non-finite steps are
+    not counted (`train_step` keeps the state). `learning_rate` replaces `optim.learning_rate`, as in
+    `optimizer_of`. Reads one scalar of the (replicated) state on the host; no collective."""
+    given = {} if learning_rate is None else {"learning_rate": learning_rate}
+    schedule = build(learning_rate_schedule, optim, **given)
+    if not callable(schedule):
+        return float(schedule)  # constant: the state holds no counter
+    counts = [
+        int(np.asarray(c.addressable_shards[0].data) if isinstance(c, jax.Array) else c)
+        for _, c in optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    ]
+    return float(schedule(max(max(counts, default=0) - 1, 0)))
+
+
 def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
     """The masks the terms read, each once, in term order."""
     return tuple(dict.fromkeys(t.mask for t in terms))

@@ -1,11 +1,14 @@
-"""TensorBoard scalars for the RL and SFT trainers, written with tensorboard's own event-file writer."""
+"""TensorBoard scalars (and the run's hyperparameters) for the RL and SFT trainers, written with tensorboard's own
+event-file writer."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from rltldr_jax.distributed import is_main_process
@@ -52,6 +55,17 @@ class SummaryWriter:
             )
             writer.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
             writer.flush()
+
+    def hparams(self, values: Mapping[str, bool | int | float | str], *, start_time: float) -> None:
+        """Writes `values` (a flat key → value table, e.g. the run's config with dotted keys) as the run's
+        hyperparameters (TensorBoard's HPARAMS tab: one row per run of the log directory, its values beside its
+        scalars), at step 0 of the environment-step axis. TensorBoard keeps the first one a run wrote: a resumed run's
+        table is that of its start."""
+        if not self._writers:
+            return
+        summary = hparams_summary.hparams_pb(dict(values), start_time_secs=start_time)
+        self._writers[0].add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+        self._writers[0].flush()
 
     def close(self) -> None:
         for writer in self._writers:
