@@ -118,7 +118,7 @@ class Server:
         cmd = [
             sys.executable,
             os.path.join(ROOT, "launch", "serve.py"),
-            f"--model_path={self.model_path}",
+            f"--checkpoint={self.model_path}",
             f"--port={grpc_port}",
             f"--http_port={http_port}",
             f"--port_file={self.port_file}",
@@ -639,6 +639,35 @@ def test_api_key_is_required_on_every_rpc(keyed_server, checkpoints, monkeypatch
     assert caplog.records and KEY not in caplog.text
 
 
+def test_serve_takes_checkpoint_or_preset_and_parses_afresh_each_time(serve_module, checkpoints, tmp_path):
+    """--checkpoint (the launchers' name for the policy; --model_path before) or --preset, one of them; each
+    `parse_args` starts from the defaults; neither importing the module nor parsing defines a flag on absl's global
+    FLAGS, where other launchers imported in the same test session define `--checkpoint` or `--preset` too."""
+    from absl import flags
+
+    tmp, _ = checkpoints
+    assert serve_module.parse_args([f"--checkpoint={tmp / 'm0'}"]).checkpoint == str(tmp / "m0")
+    assert serve_module.parse_args([f"--model_path={tmp / 'm1'}"]).checkpoint == str(tmp / "m1")  # the old name
+    args = serve_module.parse_args(
+        ["--preset=tiny", "--port=0", "--no_warmup", "--port_file=p", "--weights_dtype=bfloat16"]
+    )
+    assert (args.checkpoint, args.preset, args.port, args.no_warmup) == (None, "tiny", 0, True)
+    assert (args.port_file, args.weights_dtype) == (os.path.abspath("p"), "bfloat16")  # absolute where it enters
+    again = serve_module.parse_args(["--preset=tiny"])
+    assert (again.port, again.no_warmup, again.port_file, again.weights_dtype) == (40000, False, None, "")
+    for argv, message in (
+        ([], "error: give --checkpoint=DIR (an HF checkpoint directory or hub id) or --preset=NAME (random weights)"),
+        ([f"--checkpoint={tmp / 'm0'}", "--preset=tiny"], "error: give --checkpoint or --preset, not both"),
+        ([f"--checkpoint={tmp_path}"], f"error: --checkpoint {str(tmp_path)!r} has no config.json; give an HF "),
+        (["--preset=tiny", "--max_batch=x"], "error: flag --max_batch=x: invalid literal for int() with base 10: 'x'"),
+        (["--preset=tiny", "--dtype=float16"], "error: flag --dtype=float16: value should be one of "),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            serve_module.parse_args(argv)
+        assert str(exit_info.value.code).startswith(message), argv
+    assert not flags.FLAGS.get_flags_for_module(serve_module.__name__)
+
+
 def test_serve_binds_this_host_by_default_and_takes_the_key(serve_module, monkeypatch):
     monkeypatch.delenv(pb.API_KEY_ENV, raising=False)
     args = serve_module.parse_args(["--preset=tiny"])
@@ -646,6 +675,8 @@ def test_serve_binds_this_host_by_default_and_takes_the_key(serve_module, monkey
     exposed = serve_module.parse_args(["--preset=tiny", "--host=0.0.0.0"])
     assert "0.0.0.0 without an API key" in serve_module.exposure_warning(exposed)
     assert serve_module.parse_args(["--preset=tiny", "--api-key=abc"]).api_key == "abc"  # SGLang's spelling
+    assert serve_module.parse_args(["--preset=tiny", "--api-key", "abc"]).api_key == "abc"
+    assert serve_module.parse_args(["--preset=tiny", "--api_key=abc"]).api_key == "abc"
     monkeypatch.setenv(pb.API_KEY_ENV, KEY)
     keyed = serve_module.parse_args(["--preset=tiny", "--host=0.0.0.0"])
     assert keyed.api_key == KEY and serve_module.exposure_warning(keyed) is None
@@ -656,7 +687,7 @@ def test_serve_binds_this_host_by_default_and_takes_the_key(serve_module, monkey
 def test_serve_sglang_commands_and_clear_error_without_sglang():
     script = os.path.join(ROOT, "launch", "serve_sglang.py")
     dry = subprocess.run(
-        [sys.executable, script, "--model_path=/ckpt/q", "--num_servers=2", "--tp=2", "--dry_run"],
+        [sys.executable, script, "--checkpoint=/ckpt/q", "--num_servers=2", "--tp=2", "--dry_run"],
         capture_output=True,
         text=True,
         check=True,
@@ -668,14 +699,14 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
         "engine.servers=127.0.0.1:40000,127.0.0.1:40001 --config.engine.http_servers=http://127.0.0.1:30000,http://127.0.0.1:30001"
     )
     lora = subprocess.run(
-        [sys.executable, script, "--model_path=/ckpt/q", "--lora_rank=16", "--dry_run"],
+        [sys.executable, script, "--checkpoint=/ckpt/q", "--lora_rank=16", "--dry_run"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     assert "--enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" in lora
     keyed = subprocess.run(
-        [sys.executable, script, "--model_path=/ckpt/q", "--dry_run"],
+        [sys.executable, script, "--checkpoint=/ckpt/q", "--dry_run"],
         capture_output=True,
         text=True,
         check=True,
@@ -684,7 +715,33 @@ def test_serve_sglang_commands_and_clear_error_without_sglang():
     assert "--api-key '***'" in keyed and KEY not in keyed  # SGLang gets the key; the printout hides it
     launcher = importlib.import_module("rltldr_jax.cli.serve_sglang")
     assert launcher.API_KEY_ENV == pb.API_KEY_ENV  # its own copy (it does not import jax for --dry_run)
-    real = subprocess.run([sys.executable, script, "--model_path=/ckpt/q"], capture_output=True, text=True, check=False)
+    no_jax = (
+        "import sys; from rltldr_jax.cli.serve_sglang import main\n"
+        "main(['--model_path=/ckpt/q', '--dry_run', '--', '--enable-memory-saver'])\n"
+        "assert 'jax' not in sys.modules and 'rltldr_jax.cli.common' not in sys.modules, 'imported jax'\n"
+    )
+    old_name = subprocess.run([sys.executable, "-c", no_jax], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "--model-path /ckpt/q " in old_name.stdout and old_name.stdout.splitlines()[0].endswith(
+        " --enable-memory-saver"
+    )  # SGLang's own flags, after --
+    assert old_name.stderr == "notice: --model_path is now --checkpoint (the old name goes in the next release)\n"
+    for argv, message in (
+        ([], "give --checkpoint=DIR: the HF checkpoint directory (or hub id) the servers serve"),
+        (["--checkpoint=q", "--tp=0"], "--num_servers and --tp must be >= 1, got 1 and 0"),
+        (
+            ["--checkpoint=q", "--num_servers=2", "--grpc_port=30001"],
+            "the HTTP ports 30000-30001 and the gRPC ports 30001-30002 of 2 servers overlap; move --grpc_port",
+        ),
+        (
+            ["--checkpoint=q", "--enable-memory-saver"],
+            "Unknown command line flag 'enable-memory-saver'; SGLang's own flags go after --, e.g. -- "
+            "--enable-memory-saver",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            launcher.parse_args(argv)
+        assert exit_info.value.code == f"error: {message}", argv
+    real = subprocess.run([sys.executable, script, "--checkpoint=/ckpt/q"], capture_output=True, text=True, check=False)
     assert real.returncode != 0
     assert "SGLang is not installed" in real.stderr or "no CUDA GPU" in real.stderr
 

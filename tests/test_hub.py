@@ -202,7 +202,7 @@ def test_delta_theta_takes_hub_ids_offline(offline, tmp_path):
         "delta_theta", "--a=org/tiny", "--b=org/tiny@v1", f"--out={tmp_path / 't.json'}", "--quiet", timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"a = {offline['a']}\n  b = {offline['b']}" in out.stdout
+    assert f"base = {offline['a']}\n  checkpoint = {offline['b']}" in out.stdout
     with open(tmp_path / "t.json") as f:
         written = json.load(f)
     assert (written["a"], written["b"]) == (offline["a"], offline["b"])
@@ -219,13 +219,14 @@ def test_delta_theta_takes_hub_ids_offline(offline, tmp_path):
     )
 
 
-def test_serve_model_path_takes_a_hub_id(offline):
+def test_serve_checkpoint_takes_a_hub_id(offline):
     from rltldr_jax.cli import serve
 
-    assert serve.parse_args(["--model_path=org/tiny@v1"]).model_path == offline["b"]
+    assert serve.parse_args(["--checkpoint=org/tiny@v1"]).checkpoint == offline["b"]
+    assert serve.parse_args(["--model_path=org/tiny"]).checkpoint == offline["a"]  # its name before this release
     with pytest.raises(SystemExit) as e:
-        serve.parse_args(["--model_path=org/missing"])
-    assert str(e.value.code).startswith("error: --model_path: hub model org/missing is not in the local HF cache")
+        serve.parse_args(["--checkpoint=org/missing"])
+    assert str(e.value.code).startswith("error: --checkpoint: hub model org/missing is not in the local HF cache")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Start SGLang generation servers for RL: native gRPC for generation, HTTP for versioned weight pushes.
 
-    python launch/serve_sglang.py --model_path=/ckpt/Qwen3.5-9B --num_servers=4 --tp=2        # 8 GPUs
-    python launch/serve_sglang.py --model_path=/ckpt/Qwen3.5-9B --num_servers=2 --dry_run     # print commands
+    python launch/serve_sglang.py --checkpoint=/ckpt/Qwen3.5-9B --num_servers=4 --tp=2        # 8 GPUs
+    python launch/serve_sglang.py --checkpoint=/ckpt/Qwen3.5-9B --num_servers=2 --dry_run     # print commands
+    python launch/serve_sglang.py --checkpoint=/ckpt/Qwen3.5-9B -- --enable-memory-saver    # SGLang's own flags
 
 Needs a CUDA GPU machine with SGLang >= 0.5.9 (the first release with Qwen 3.5) whose launcher has the native gRPC
 server (`--grpc-port`; 0.5.23 has it): `pip install "sglang>=0.5.23"`.
@@ -27,7 +28,6 @@ Ctrl-C (or SIGTERM) stops every server. Logs go to --log_dir/server_{i}.log.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import os
 import shlex
@@ -36,59 +36,119 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
+
+from absl import flags
 
 # = rltldr_jax.engines.sglang_proto.API_KEY_ENV (a test checks), not imported: that would import jax for --dry_run.
 API_KEY_ENV = "RLTLDR_ENGINE_API_KEY"
 MIN_SGLANG = "0.5.9"  # the first release with Qwen 3.5
 # The native gRPC server (--grpc-port) arrived in 2026 (0.5.23 has it); older releases are refused by probing the flag.
 GRPC_RESPONSE_TIMEOUT_S = 3600  # SGLang's per-chunk default is 300 s: one non-streamed long completion must fit
+#: Old flag names still accepted for one release: old -> new (`--help` lists them; using one prints a notice).
+RENAMED = {"model_path": "checkpoint"}
+#: The flags that print `help_text` and exit 0, as on every launcher (rltldr_jax.cli.common.HELP_FLAGS, and
+#: --helpfull: this launcher has no flags beyond its own).
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+def define_flags(fv: flags.FlagValues) -> None:
+    """The launcher's flags, on `fv` (a FlagValues of its own: absl's global flags.FLAGS stays untouched, so that
+    importing this module next to another launcher, in a test session, defines nothing twice)."""
+    flags.DEFINE_string(
+        "checkpoint",
+        None,
+        "The policy to serve (required): an HF checkpoint directory, or a hub id org/name[@revision] that SGLang "
+        "resolves on the GPU host (which then needs the network or the model in its HF cache).",
+        flag_values=fv,
     )
-    p.add_argument(
-        "--model_path", required=True, help="HF checkpoint directory (or hub name, if the GPU host is online)"
+    flags.DEFINE_integer("num_servers", 1, "Servers to start; each takes --tp GPUs.", flag_values=fv)
+    flags.DEFINE_integer("tp", 1, "Tensor-parallel GPUs per server.", flag_values=fv)
+    flags.DEFINE_integer("first_gpu", 0, "Index of the first GPU to use.", flag_values=fv)
+    flags.DEFINE_string(
+        "host",
+        "127.0.0.1",
+        "Bind address (0.0.0.0 to serve other hosts; then set $RLTLDR_ENGINE_API_KEY for an API key).",
+        flag_values=fv,
     )
-    p.add_argument("--num_servers", type=int, default=1, help="servers to start; each takes --tp GPUs")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
-    p.add_argument("--first_gpu", type=int, default=0, help="index of the first GPU to use")
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="bind address (0.0.0.0 to serve other hosts; then set $RLTLDR_ENGINE_API_KEY for an API key)",
-    )
-    p.add_argument("--http_port", type=int, default=30000, help="HTTP port of server 0 (server i: +i)")
-    p.add_argument("--grpc_port", type=int, default=40000, help="gRPC port of server 0 (server i: +i)")
-    p.add_argument(
-        "--lora_rank",
-        type=int,
-        default=0,
-        help="serve LoRA adapters up to this rank (the trainer's model.lora.rank; 0: none): SGLang --enable-lora "
+    flags.DEFINE_integer("http_port", 30000, "HTTP port of server 0 (server i: +i).", flag_values=fv)
+    flags.DEFINE_integer("grpc_port", 40000, "gRPC port of server 0 (server i: +i).", flag_values=fv)
+    flags.DEFINE_integer(
+        "lora_rank",
+        0,
+        "Serve LoRA adapters up to this rank (the trainer's model.lora.rank; 0: none): SGLang --enable-lora "
         "--max-lora-rank R --lora-target-modules all --max-loras-per-batch 2 (the current adapter and the one a push "
-        "replaces)",
+        "replaces).",
+        flag_values=fv,
     )
-    p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype")
-    p.add_argument("--mem_fraction_static", type=float, default=0.85, help="SGLang --mem-fraction-static")
-    p.add_argument("--context_length", type=int, help="SGLang --context-length (default: the model's)")
-    p.add_argument("--log_dir", default="sglang_logs", help="one log file per server")
-    p.add_argument("--timeout_s", type=float, default=1800, help="how long to wait for every server to become healthy")
-    p.add_argument("--dry_run", action="store_true", help="print the commands and exit")
-    p.add_argument("extra", nargs="*", help="further SGLang flags, after --, e.g. -- --enable-memory-saver")
-    args = p.parse_args(argv)
+    flags.DEFINE_string("dtype", "bfloat16", "SGLang --dtype.", flag_values=fv)
+    flags.DEFINE_float("mem_fraction_static", 0.85, "SGLang --mem-fraction-static.", flag_values=fv)
+    flags.DEFINE_integer("context_length", None, "SGLang --context-length (default: the model's).", flag_values=fv)
+    flags.DEFINE_string(
+        "log_dir", "sglang_logs", "Directory of the servers' logs, one file per server.", flag_values=fv
+    )
+    flags.DEFINE_float("timeout_s", 1800, "How long to wait for every server to become healthy.", flag_values=fv)
+    flags.DEFINE_bool("dry_run", False, "Print the commands and the config values, and exit.", flag_values=fv)
+    for old, new in RENAMED.items():
+        flags.DEFINE_alias(old, new, flag_values=fv)
+
+
+def help_text(fv: flags.FlagValues) -> str:
+    """What `--help` prints, laid out as on every launcher (rltldr_jax.cli.common.help_text, not imported here: it
+    imports jax): the docstring (usage examples), this launcher's flags with their help and defaults, the renamed
+    ones."""
+    (module,) = fv.flags_by_module_dict()  # (this one: `define_flags` defined them all)
+    listing = fv.module_help(module).strip().split("\n", 1)[1]
+    listing = "\n".join(line for line in listing.splitlines() if not any(line.startswith(f"  --{a}:") for a in RENAMED))
+    renamed = "\n".join(f"  --{old} -> --{new}" for old, new in sorted(RENAMED.items()))
+    return (
+        f"{(__doc__ or '').strip()}\n\nflags:\n{listing}\n\n"
+        f"renamed (old names still accepted for one release):\n{renamed}\n"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> SimpleNamespace:
+    """The flags of `argv` (default: this process's command line), parsed with the launchers' conventions but
+    without importing rltldr_jax.cli.common (it imports jax, which --dry_run must not need): `--help` prints
+    `help_text` and exits 0, a renamed flag prints a notice, anything wrong exits with one line (`error: ...`, no
+    usage block). What follows `--` is passed on to SGLang (`extra`). Each call parses on a FlagValues of its own."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    flag_args = argv[: argv.index("--")] if "--" in argv else argv
+    fv = flags.FlagValues()
+    define_flags(fv)
+    if any(arg in HELP_FLAGS for arg in flag_args):
+        sys.stdout.write(help_text(fv))
+        sys.exit(0)
+    for arg in flag_args:
+        name = arg.split("=", 1)[0]
+        for old, new in RENAMED.items():
+            if name == f"--{old}":
+                print(f"notice: --{old} is now --{new} (the old name goes in the next release)", file=sys.stderr)
+    try:
+        extra = fv([sys.argv[0], *argv])[1:]
+    except flags.UnrecognizedFlagError as e:
+        sys.exit(f"error: {e}; SGLang's own flags go after --, e.g. -- --enable-memory-saver")
+    except flags.Error as e:
+        sys.exit(f"error: {e}")
+    args = SimpleNamespace(**{name: fv[name].value for name in fv if name not in RENAMED}, extra=extra)
+    if not args.checkpoint:
+        sys.exit("error: give --checkpoint=DIR: the HF checkpoint directory (or hub id) the servers serve")
     if args.num_servers < 1 or args.tp < 1:
-        p.error("--num_servers and --tp must be >= 1")
+        sys.exit(f"error: --num_servers and --tp must be >= 1, got {args.num_servers} and {args.tp}")
     if args.grpc_port < args.http_port + args.num_servers and args.http_port < args.grpc_port + args.num_servers:
-        p.error("the HTTP and gRPC port ranges overlap; move --grpc_port")
-    # Paths absolute where they enter (the servers may run elsewhere); a hub name that is no local path stays.
+        last = args.num_servers - 1
+        sys.exit(
+            f"error: the HTTP ports {args.http_port}-{args.http_port + last} and the gRPC ports "
+            f"{args.grpc_port}-{args.grpc_port + last} of {args.num_servers} servers overlap; move --grpc_port"
+        )
+    # Paths absolute where they enter (the servers may run elsewhere); a hub id that is no local path stays.
     args.log_dir = os.path.abspath(args.log_dir)
-    if os.path.exists(args.model_path):
-        args.model_path = os.path.abspath(args.model_path)
+    if os.path.exists(args.checkpoint):
+        args.checkpoint = os.path.abspath(args.checkpoint)
     return args
 
 
-def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list[str]]]:
+def server_commands(args: SimpleNamespace) -> list[tuple[dict[str, str], list[str]]]:
     """(extra environment, argv) of each server."""
     commands = []
     for i in range(args.num_servers):
@@ -98,7 +158,7 @@ def server_commands(args: argparse.Namespace) -> list[tuple[dict[str, str], list
             "-m",
             "sglang.launch_server",
             "--model-path",
-            args.model_path,
+            args.checkpoint,
             "--host",
             args.host,
             "--port",
@@ -133,7 +193,7 @@ def redacted(argv: list[str]) -> list[str]:
     return ["***" if i > 0 and argv[i - 1] == "--api-key" else arg for i, arg in enumerate(argv)]
 
 
-def addresses(args: argparse.Namespace) -> tuple[str, str]:
+def addresses(args: SimpleNamespace) -> tuple[str, str]:
     """The config values engine.servers and engine.http_servers for these servers."""
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     grpc = ",".join(f"{host}:{args.grpc_port + i}" for i in range(args.num_servers))
@@ -141,7 +201,7 @@ def addresses(args: argparse.Namespace) -> tuple[str, str]:
     return grpc, http
 
 
-def check_environment(args: argparse.Namespace) -> None:
+def check_environment(args: SimpleNamespace) -> None:
     """Exits with the reason and the fix when SGLang cannot run here."""
     try:
         version = importlib.metadata.version("sglang")
@@ -203,6 +263,8 @@ def wait_healthy(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Starts the servers the flags of `argv` (default: the command line) describe and waits on them; with
+    --dry_run, prints their commands and the config values instead."""
     args = parse_args(argv)
     commands = server_commands(args)
     grpc_addresses, http_urls = addresses(args)

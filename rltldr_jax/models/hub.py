@@ -22,7 +22,7 @@ when the hub cannot be reached); an id that is not cached then is a `HubError` s
 
 Ids are resolved once, where the path enters: the config's model and tokenizer keys in
 `rltldr_jax.config.base.absolute_paths`, launcher flags in `rltldr_jax.cli.common.define_model_path` and
-`launch/serve.py --model_path`. A run then records the snapshot directory, whose name pins the commit it used.
+`launch/serve.py --checkpoint`. A run then records the snapshot directory, whose name pins the commit it used.
 """
 
 from __future__ import annotations
