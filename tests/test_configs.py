@@ -250,3 +250,13 @@ def test_a_preset_that_contradicts_the_checkpoint_is_flagged_before_any_weights_
     (tmp_path / "mine" / "config.json").write_text("{not json")
     with pytest.raises(base.ConfigError, match=r"model.checkpoint: .*/mine/config.json is not a usable Qwen 3.5"):
         base.validate(c)
+
+
+def test_loading_a_missing_config_file_names_the_ones_there(monkeypatch):
+    """`rltldr_jax.config.load` (what the notebooks and scripts call) says which config files exist, the replication's
+    included, as the launchers' --config error does."""
+    from rltldr_jax.config import load
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(FileNotFoundError, match=r"configs/ holds appworld.py, leetcode.py, replicate.py, "):
+        load("configs/nope.py")

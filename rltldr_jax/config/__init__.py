@@ -16,7 +16,14 @@ def load(spec: str) -> Any:
     not validated or resolved (`ablations.resolve` does that)."""
     path, _, preset = spec.partition(":")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no config file {path!r} (in {os.getcwd()})")
+        folder = os.path.join(os.path.dirname(path) or ".", "")
+        files = sorted(
+            f
+            for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+            if f.endswith(".py") and f not in ("__init__.py", "base.py", "ablations.py")
+        )
+        hint = f"; {folder} holds {', '.join(files)}" if files else "; run from the repository root (configs/ is there)"
+        raise FileNotFoundError(f"no config file {path!r} (in {os.getcwd()}){hint}")
     module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
