@@ -243,7 +243,9 @@ def test_a_preset_that_contradicts_the_checkpoint_is_flagged_before_any_weights_
         base.validate(c)
     c.model.preset = "tiny"
     base.validate(c)
-    c.model.checkpoint = checkpoint("mine", dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=()))
+    c.model.checkpoint = checkpoint(
+        "mine", dataclasses.replace(get_preset("tiny"), num_hidden_layers=2, layer_types=())
+    )
     with caplog.at_level(logging.WARNING):
         base.validate(c)
     assert "is not the architecture of model.preset=tiny (num_hidden_layers 2 vs 8" in caplog.text
