@@ -217,7 +217,7 @@ print_table(
 #
 # Training checkpoints are orbax directories (parameters, optimizer state, RNG, task cursor, config).
 # `checkpoint.export_hf` writes a checkpoint's parameters as an HF safetensors directory that transformers and
-# SGLang load (CLI: `python launch/export_hf.py --checkpoint_dir=... --step=N --out=DIR --dtype=float32`); the
+# SGLang load (CLI: `python launch/export_hf.py --checkpoint=... --step=N --out=DIR --dtype=float32`); the
 # architecture comes from the model config recorded with the checkpoint.
 #
 # Δθ reads both kinds, so it checks the export: in float32 the export is exact (Δθ = 0). In bfloat16 (the default
@@ -279,5 +279,5 @@ for dtype, directory in exports.items():
 #
 #     python launch/delta_theta.py --base_checkpoint=runs/colab-tiny/checkpoints:0 \
 #         --checkpoint=runs/colab-tiny/checkpoints --out=table7.csv
-#     python launch/export_hf.py --checkpoint_dir=runs/colab-tiny/checkpoints --out=/tmp/tiny_hf --dtype=float32
+#     python launch/export_hf.py --checkpoint=runs/colab-tiny/checkpoints --out=/tmp/tiny_hf --dtype=float32
 #     python launch/delta_theta.py --base_checkpoint=/ckpt/qwen3_5_9b --checkpoint=/tmp/qwen_rltldr  # the paper's

@@ -331,7 +331,7 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
         [
             sys.executable,
             os.path.join(ROOT, "launch", "export_hf.py"),
-            f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            f"--checkpoint={tmp_path / 'ckpt'}",
             "--step=2",
             f"--out={tmp_path / 'hf16'}",
         ],
@@ -350,12 +350,12 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
     # Errors, in-process: no directory, no step, no recorded architecture, a disagreeing architecture.
     cli = _load_cli()
     cases = [
-        ([f"--checkpoint_dir={tmp_path / 'nope'}"], "no checkpoint directory"),
-        ([f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step=9"], r"no checkpoint for step 9 .*steps: \[2, 3\]"),
-        ([f"--checkpoint_dir={tmp_path / 'ckpt'}"], "records no model config"),  # latest = 3
-        ([f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step=2", "--preset=tiny"], "vocab_size: given 248320, saved 256"),
+        ([f"--checkpoint={tmp_path / 'nope'}"], "no checkpoint directory"),
+        ([f"--checkpoint={tmp_path / 'ckpt'}", "--step=9"], r"no checkpoint for step 9 .*steps: \[2, 3\]"),
+        ([f"--checkpoint={tmp_path / 'ckpt'}"], "records no model config"),  # latest = 3
+        ([f"--checkpoint={tmp_path / 'ckpt'}", "--step=2", "--preset=tiny"], "vocab_size: given 248320, saved 256"),
         (
-            [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--preset=tiny"],
+            [f"--checkpoint={tmp_path / 'ckpt'}", "--preset=tiny"],
             r"mis-shaped arrays: embed_tokens\.embedding\.value: checkpoint \(256,",
         ),
     ]
@@ -367,7 +367,7 @@ def test_export_hf_round_trip_and_cli(setup, tmp_path, capsys):
     # With --config_json the un-recorded step 3 exports.
     assert (
         cli.main(
-            [f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--config_json={tmp_path / 'hf32'}", f"--out={tmp_path / 'hf3'}"]
+            [f"--checkpoint={tmp_path / 'ckpt'}", f"--config_json={tmp_path / 'hf32'}", f"--out={tmp_path / 'hf3'}"]
         )
         == 0
     )
@@ -470,10 +470,10 @@ def test_corrupt_orbax_checkpoints_are_one_clear_error(setup, tmp_path, capsys):
     with pytest.raises(CorruptCheckpointError, match="holds NaN/inf"):
         load_model(str(tmp_path / "nan"))
     cli = _load_cli()
-    assert cli.main([f"--checkpoint_dir={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}"]) == 2
+    assert cli.main([f"--checkpoint_dir={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}"]) == 2  # (its old name)
     assert re.search(r"export_hf: error: checkpoint step 1 .* holds NaN/inf", capsys.readouterr().err)
     assert not os.path.exists(tmp_path / "hf_nan")
-    assert cli.main([f"--checkpoint_dir={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}", "--allow_nonfinite"]) == 0
+    assert cli.main([f"--checkpoint={tmp_path / 'nan'}", f"--out={tmp_path / 'hf_nan'}", "--allow_nonfinite"]) == 0
     gc.collect()  # orbax's reads orphaned by the damaged files end here (their warning is filtered), not later
 
 

@@ -124,11 +124,11 @@ def test_export_into_a_read_only_directory_is_one_line(tmp_path, capsys):
     cli = _load_cli()
     (tmp_path / "ro").mkdir()
     (tmp_path / "done").mkdir()
-    assert cli.main([f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--out={tmp_path / 'done'}"]) == 0
+    assert cli.main([f"--checkpoint={tmp_path / 'ckpt'}", f"--out={tmp_path / 'done'}"]) == 0
     capsys.readouterr()
     with read_only(tmp_path / "ro"), read_only(tmp_path / "done"):
         for out in (tmp_path / "ro" / "hf", tmp_path / "done"):  # a new directory in a read-only one; a read-only one
-            assert cli.main([f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--out={out}"]) == 2
+            assert cli.main([f"--checkpoint={tmp_path / 'ckpt'}", f"--out={out}"]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and err.startswith(f"export_hf: error: cannot write the export to {out} ("), err
             assert "writable" in err
@@ -144,7 +144,7 @@ TRUNCATED_EXPORTS = textwrap.dedent(
     sys.path.insert(0, sys.argv[3])
     from rltldr_jax.cli.export_hf import main
     for _ in range(5):  # orbax's orphaned reads race the error: several tries make their tracebacks show
-        assert main([f"--checkpoint_dir={sys.argv[1]}", f"--out={sys.argv[2]}"]) == 2
+        assert main([f"--checkpoint={sys.argv[1]}", f"--out={sys.argv[2]}"]) == 2
         gc.collect()
         time.sleep(0.3)
     """
@@ -203,7 +203,7 @@ def test_a_bad_config_json_names_the_file(tmp_path, capsys, text, why):
     with pytest.raises(ValueError, match=rf"^{file} is not a usable"):
         Qwen35Config.from_pretrained(tmp_path / "hf")
     cli = _load_cli()  # --config_json of the export
-    assert cli.main(["--checkpoint_dir=/nonexistent", f"--config_json={tmp_path / 'hf'}", "--out=/tmp/x"]) == 2
+    assert cli.main(["--checkpoint=/nonexistent", f"--config_json={tmp_path / 'hf'}", "--out=/tmp/x"]) == 2
     assert re.match(rf"export_hf: error: {file} is not a usable .*{re.escape(why)}", capsys.readouterr().err)
 
 

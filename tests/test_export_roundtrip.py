@@ -131,7 +131,7 @@ def test_an_export_is_a_complete_hf_directory_that_transformers_loads(craft_run,
 
     out = tmp_path / "hf"
     with umask(0o077):  # modes are the export's, not the umask's
-        assert export(f"--checkpoint_dir={craft_run['full']}", f"--out={out}", "--dtype=float32") == 0
+        assert export(f"--checkpoint={craft_run['full']}", f"--out={out}", "--dtype=float32") == 0
     assert sorted(os.listdir(out)) == COMPLETE
     assert modes(out) == {".": "0o755", **{name: "0o644" for name in COMPLETE}}
 
@@ -189,7 +189,7 @@ def test_our_launchers_take_an_export_as_a_checkpoint(craft_run, tmp_path):
     """launch/eval.py --checkpoint=EXPORT (with the run's own config, whose pretrained base is the same policy's
     tokenizer) and training from it (model.checkpoint=EXPORT): the tokenizer is found, the weights are the run's."""
     out = tmp_path / "hf"
-    assert export(f"--checkpoint_dir={craft_run['full']}", f"--out={out}", "--dtype=float32") == 0
+    assert export(f"--checkpoint={craft_run['full']}", f"--out={out}", "--dtype=float32") == 0
     task, _, plan = world_texts()
     ours = load_tokenizer(craft_run["base"])
     _, trained = restore_model(craft_run["full"], compute_dtype=jnp.float32)
@@ -216,12 +216,10 @@ def test_a_lora_runs_merged_and_adapter_exports_are_complete(craft_run, tmp_path
     logits = np.asarray(adapted(jnp.asarray(ids)))
     with umask(0o077):
         assert (
-            export(
-                f"--checkpoint_dir={craft_run['lora']}", f"--out={tmp_path / 'merged'}", "--merge", "--dtype=float32"
-            )
+            export(f"--checkpoint={craft_run['lora']}", f"--out={tmp_path / 'merged'}", "--merge", "--dtype=float32")
             == 0
         )
-        assert export(f"--checkpoint_dir={craft_run['lora']}", f"--out={tmp_path / 'adapter'}", "--adapter") == 0
+        assert export(f"--checkpoint={craft_run['lora']}", f"--out={tmp_path / 'adapter'}", "--adapter") == 0
     assert sorted(os.listdir(tmp_path / "merged")) == COMPLETE
     np.testing.assert_allclose(_hf_logits(tmp_path / "merged", ids), logits, atol=1e-4, rtol=1e-4)
     adapter_files = [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, "tokenizer.json", "tokenizer_config.json"]
@@ -252,7 +250,7 @@ def test_the_builtin_qwen_tokenizer_round_trips(tmp_path):
         run = tiny_config({"workdir": str(tmp_path / "w")}).to_dict()
         ckpt.save(1, params=state, opt_state=None, rng=None, meta={"config": run}, model_config=spec.config)
     out = tmp_path / "hf"
-    assert export(f"--checkpoint_dir={tmp_path / 'ckpt'}", f"--out={out}") == 0
+    assert export(f"--checkpoint={tmp_path / 'ckpt'}", f"--out={out}") == 0
     assert sorted(os.listdir(out)) == COMPLETE
     ours = load_tokenizer()
     theirs = transformers.AutoTokenizer.from_pretrained(out)
@@ -289,19 +287,19 @@ def test_a_hub_style_tokenizer_keeps_its_own_files_and_a_checkpoint_without_a_co
     with Checkpointer(bare, keep=None, async_save=False) as ckpt:  # no run config recorded
         ckpt.save(2, params=state, opt_state=None, rng=None, model_config=load_pretrained(craft_run["base"]).config)
     out = tmp_path / "hf"
-    assert export(f"--checkpoint_dir={bare}", f"--out={out}") == 0
+    assert export(f"--checkpoint={bare}", f"--out={out}") == 0
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "records no run config" in err and "--tokenizer=" in err
 
     (out / "README.md").write_text("mine")
-    assert export(f"--checkpoint_dir={bare}", f"--out={out}", f"--tokenizer={hub}") == 0
+    assert export(f"--checkpoint={bare}", f"--out={out}", f"--tokenizer={hub}") == 0
     assert sorted(os.listdir(out)) == sorted([*COMPLETE, "README.md", "vocab.json"])
     assert json.loads((out / "tokenizer_config.json").read_text()) == own
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     assert theirs.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[user] hi\n"
     # The run's own (craft's) tokenizer over it: the hub directory's files go, the README stays.
-    assert export(f"--checkpoint_dir={craft_run['full']}", f"--out={out}") == 0
+    assert export(f"--checkpoint={craft_run['full']}", f"--out={out}") == 0
     assert sorted(os.listdir(out)) == sorted([*COMPLETE, "README.md"])
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == chat_template(thinking=False)
     # An export as the tokenizer of a run in the other thinking mode (trained from it): our template, its default.
@@ -321,7 +319,7 @@ def test_a_hub_style_tokenizer_keeps_its_own_files_and_a_checkpoint_without_a_co
             meta={"config": run},
             model_config=load_pretrained(craft_run["base"]).config,
         )
-    assert export(f"--checkpoint_dir={wrong}", f"--out={tmp_path / 'nothing'}") == 2
+    assert export(f"--checkpoint={wrong}", f"--out={tmp_path / 'nothing'}") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has 248077 ids but the model only 512" in err and "--tokenizer" in err
     assert not os.path.exists(tmp_path / "nothing") and sorted(os.listdir(tmp_path)) == sorted(

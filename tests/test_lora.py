@@ -205,15 +205,15 @@ def test_the_export_launcher_writes_adapters_and_says_what_it_wrote(lora_runs, t
     from rltldr_jax.cli import export_hf
 
     ckpts = os.path.join(lora_runs["ref"], "checkpoints")
-    assert export_hf.main([f"--checkpoint_dir={ckpts}", f"--out={tmp_path / 'a'}", "--adapter"]) == 0
+    assert export_hf.main([f"--checkpoint={ckpts}", f"--out={tmp_path / 'a'}", "--adapter"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"to {tmp_path / 'a'} (PEFT adapter, float32)")
     assert sorted(os.listdir(tmp_path / "a")) == sorted(  # with the run's tokenizer (tests/test_export_roundtrip.py)
         [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, "tokenizer.json", "tokenizer_config.json"]
     )
-    assert export_hf.main([f"--checkpoint_dir={ckpts}", f"--out={tmp_path / 'b'}"]) == 2
+    assert export_hf.main([f"--checkpoint={ckpts}", f"--out={tmp_path / 'b'}"]) == 2
     assert "holds LoRA adapters: export them as a PEFT adapter (--adapter)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        export_hf.parse_args(["--checkpoint_dir=x", "--out=y", "--adapter", "--merge"])
+        export_hf.parse_args(["--checkpoint=x", "--out=y", "--adapter", "--merge"])
 
 
 def test_an_exported_adapter_loads_in_peft_with_our_logits_and_back(tmp_path):

@@ -183,10 +183,11 @@ HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
 RENAMED: dict[str, str] = {}
 
 
-def define_alias(old: str, new: str) -> None:
-    """`--old` as a deprecated alias of the flag `--new` (defined before): it sets the same flag, and using it prints
-    one notice naming the new name. Kept for a release after a flag is renamed, so scripts keep working."""
-    flags.DEFINE_alias(old, new)
+def define_alias(old: str, new: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """`--old` as a deprecated alias of the flag `--new` (defined before, on `flag_values`): it sets the same flag,
+    and using it prints one notice naming the new name (`parse_flags`, `notice_renamed`). Kept for a release after a
+    flag is renamed, so scripts keep working."""
+    flags.DEFINE_alias(old, new, flag_values=flag_values)
     RENAMED[old] = new
 
 
@@ -196,16 +197,12 @@ def help_text(module: str | None = None) -> str:
     module = module or _launcher or "__main__"
     doc = (sys.modules[module].__doc__ or "").strip() if module in sys.modules else ""
     by_module = flags.FLAGS.flags_by_module_dict()
+    main = module if module in by_module else sys.argv[0]  # (absl files `python -m`'s __main__ flags under argv[0])
     sections = []
-    for name, title in ((module, "flags"), *HELP_SECTIONS.items()):
-        if name not in by_module:
-            continue
-        own = [f for f in by_module[name] if f.name not in RENAMED]
-        if not own:
-            continue
-        body = flags.FLAGS.module_help(name).strip().split("\n", 1)[1] if own else ""
-        hidden = [line for line in body.splitlines() if not any(line.startswith(f"  --{a}:") for a in RENAMED)]
-        sections.append(f"{title}:\n" + "\n".join(hidden))
+    for name, title in ((main, "flags"), *HELP_SECTIONS.items()):
+        shown = sorted((f for f in by_module.get(name, []) if f.name not in RENAMED), key=lambda f: f.name)
+        if shown:
+            sections.append(f"{title}:\n" + "\n".join(_flag_help(f) for f in shown))
     if RENAMED:
         sections.append(
             "renamed (old names still accepted for one release):\n"
@@ -214,7 +211,19 @@ def help_text(module: str | None = None) -> str:
     return "\n\n".join(filter(None, [doc, *sections])) + "\n"
 
 
-def _notice_renamed(argv: list[str]) -> None:
+def _flag_help(flag: flags.Flag) -> str:
+    """One flag as `--help` lists it: `--name: help` (`--[no]name` for a boolean), then its default when it has one,
+    wrapped at 80 columns."""
+    import textwrap
+
+    name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+    text = textwrap.fill(f"{name}: {flag.help}", 80, initial_indent="  ", subsequent_indent="    ")
+    if flag.default is not None and flag.default != "":
+        text += f"\n    (default: {flag.default_as_str})"
+    return text
+
+
+def notice_renamed(argv: list[str]) -> None:
     """One notice on stderr per deprecated flag name used (`define_alias`)."""
     for arg in argv[1:]:
         name = arg.split("=", 1)[0].removeprefix("--no" if arg.startswith("--no") else "--")
@@ -233,7 +242,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     if "--helpfull" in argv[1:]:
         sys.stdout.write(flags.FLAGS.get_help() + "\n")
         sys.exit(0)
-    _notice_renamed(argv)
+    notice_renamed(argv)
     for i, arg in enumerate(argv[1:], 1):
         if arg.startswith(("--config.", "--noconfig.")):
             key = arg.split("=", 1)[0].removeprefix("--no").removeprefix("--").removeprefix("config.")

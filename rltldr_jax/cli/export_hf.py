@@ -1,10 +1,10 @@
 """Export a training checkpoint as a complete HF model directory (transformers, SGLang and our launchers load it as is).
 
-    python launch/export_hf.py --checkpoint_dir=runs/sapi-rltldr/checkpoints --out=/tmp/qwen_rltldr
-    python launch/export_hf.py --checkpoint_dir=... --step=120 --out=... --dtype=float32
-    python launch/export_hf.py --checkpoint_dir=... --out=... --config_json=/ckpt/qwen3_5_9b/config.json
-    python launch/export_hf.py --checkpoint_dir=... --out=/tmp/adapter --adapter   # a LoRA run: a PEFT adapter
-    python launch/export_hf.py --checkpoint_dir=... --out=/tmp/merged --merge      # ... or merged full weights
+    python launch/export_hf.py --checkpoint=runs/sapi-rltldr/checkpoints --out=/tmp/qwen_rltldr
+    python launch/export_hf.py --checkpoint=... --step=120 --out=... --dtype=float32
+    python launch/export_hf.py --checkpoint=... --out=... --config_json=/ckpt/qwen3_5_9b/config.json
+    python launch/export_hf.py --checkpoint=... --out=/tmp/adapter --adapter   # a LoRA run: a PEFT adapter
+    python launch/export_hf.py --checkpoint=... --out=/tmp/merged --merge      # ... or merged full weights
 
 What an export contains (files 0644, a new directory 0755, so that servers running as another user read it):
 
@@ -30,70 +30,117 @@ than the model's vocabulary is refused. The architecture is read from the checkp
 must agree with a recorded one). Only the parameters are read (verified against the checksums recorded at save time);
 the optimizer state is not touched. An export replaces the weights, tokenizer files and generation config of an
 existing --out as a whole (written next to it, then swapped in: never a mix of two exports); the directory's other
-files, e.g. a README, are kept (an --adapter export replaces the whole directory).
+files, e.g. a README, are kept (an --adapter export replaces the whole directory). `--checkpoint` was
+`--checkpoint_dir` before this release (still accepted, with a notice).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from types import SimpleNamespace
 
+from absl import app, flags
+
+from rltldr_jax.cli.common import as_main, define_alias, notice_renamed, parse_flags
 from rltldr_jax.config.base import absolute_path
 
 DTYPES = ("bfloat16", "float32", "float16")
+#: Renamed flags: old -> new (both accepted; the old one with a notice).
+RENAMED = {"checkpoint_dir": "checkpoint"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+def define_flags(fv: flags.FlagValues) -> None:
+    """The launcher's flags, on `fv`: `run` defines them on absl's global `flags.FLAGS` (so `--help` lists them),
+    `parse_args` on a FlagValues of its own. Importing this module defines nothing, so it coexists in one process
+    (a test session) with other launchers that have flags of the same names (`--checkpoint`, `--out`, `--preset`)."""
+    flags.DEFINE_string(
+        "checkpoint", None, "The run's checkpoint directory (Checkpointer), local or gs://. Required.", flag_values=fv
     )
-    p.add_argument(
-        "--checkpoint_dir",
-        required=True,
-        type=absolute_path,
-        help="the run's checkpoint directory (Checkpointer), local or gs://",
+    flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).", flag_values=fv)
+    flags.DEFINE_string(
+        "out",
+        None,
+        "Output directory: config.json, model*.safetensors, tokenizer files, generation_config.json. Required.",
+        flag_values=fv,
     )
-    p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
-    p.add_argument(
-        "--out",
-        required=True,
-        type=absolute_path,
-        help="output directory: config.json, model*.safetensors, tokenizer files, generation_config.json",
+    flags.DEFINE_enum("dtype", "bfloat16", DTYPES, "Dtype of the written tensors.", flag_values=fv)
+    flags.DEFINE_bool(
+        "allow_nonfinite", False, "Export even if the weights hold NaN/inf (refused by default).", flag_values=fv
     )
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the written tensors")
-    p.add_argument(
-        "--allow_nonfinite", action="store_true", help="export even if the weights hold NaN/inf (refused by default)"
+    flags.DEFINE_bool(
+        "adapter",
+        False,
+        "A LoRA run: write its adapters as a PEFT adapter directory (adapter_config.json + "
+        "adapter_model.safetensors) that peft loads onto the base model. Not with --merge.",
+        flag_values=fv,
     )
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument(
-        "--adapter",
-        action="store_true",
-        help="a LoRA run: write its adapters as a PEFT adapter directory (adapter_config.json + "
-        "adapter_model.safetensors) that peft loads onto the base model",
+    flags.DEFINE_bool("merge", False, "A LoRA run: write full weights with the adapters merged in.", flag_values=fv)
+    flags.DEFINE_string(
+        "base_model",
+        "",
+        "With --adapter: the base model's hub id or directory, recorded in the adapter.",
+        flag_values=fv,
     )
-    kind.add_argument("--merge", action="store_true", help="a LoRA run: write full weights with the adapters merged in")
-    p.add_argument(
-        "--base_model", default="", help="with --adapter: the base model's hub id or directory, recorded in the adapter"
+    flags.DEFINE_string(
+        "tokenizer",
+        "",
+        "tokenizer.json, directory or hub id of the tokenizer to ship (default: the one the run trained with, recorded "
+        "with the checkpoint).",
+        flag_values=fv,
     )
-    p.add_argument(
-        "--tokenizer",
-        default="",
-        help="tokenizer.json, directory or hub id of the tokenizer to ship (default: the one the run trained with, "
-        "recorded with the checkpoint)",
+    flags.DEFINE_string(
+        "preset",
+        None,
+        "Architecture preset of rltldr_jax.models.presets, if the checkpoint records none.",
+        flag_values=fv,
     )
-    arch = p.add_mutually_exclusive_group()
-    arch.add_argument(
-        "--preset", help="architecture preset of rltldr_jax.models.presets, if the checkpoint records none"
+    flags.DEFINE_string(
+        "config_json", None, "HF config.json (or a directory holding one) giving the architecture.", flag_values=fv
     )
-    arch.add_argument(
-        "--config_json", type=absolute_path, help="HF config.json (or a directory holding one) giving the architecture"
-    )
-    return p.parse_args(argv)
+    for old, new in RENAMED.items():
+        define_alias(old, new, fv)
+
+
+def arguments(fv: flags.FlagValues) -> SimpleNamespace:
+    """The parsed flags of `fv`, one attribute each, checked where they enter (paths made absolute); anything wrong
+    exits with one line."""
+    own = flags.FlagValues()
+    define_flags(own)
+    args = SimpleNamespace(**{name: fv[name].value for name in own if name not in RENAMED})
+    for required in ("checkpoint", "out"):
+        if not getattr(args, required):
+            sys.exit(f"error: give --{required} (see --help)")
+    if args.adapter and args.merge:
+        sys.exit("error: give --adapter or --merge, not both")
+    if args.preset and args.config_json:
+        sys.exit("error: give --preset or --config_json, not both")
+    args.checkpoint, args.out = absolute_path(args.checkpoint), absolute_path(args.out)
+    args.config_json = absolute_path(args.config_json) if args.config_json else None
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> SimpleNamespace:
+    """`arguments` of the flags `argv` (default: this process's command line), parsed on a FlagValues of their own,
+    so that calls (tests) can follow one another in one process. A flag absl cannot parse exits with one line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    fv = flags.FlagValues()
+    define_flags(fv)
+    notice_renamed([sys.argv[0], *argv])
+    try:
+        fv([sys.argv[0], *argv])
+    except flags.Error as e:
+        sys.exit(f"error: {e}")
+    return arguments(fv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """Exports as the flags `argv` say (in-process: a private parse, `parse_args`); returns the exit status."""
+    return export(parse_args(argv))
+
+
+def export(args: SimpleNamespace) -> int:
+    """The export of parsed flags: 0, or 2 with one line on stderr."""
     import jax.numpy as jnp
 
     from rltldr_jax.checkpoint import CheckpointMismatchError, export_hf
@@ -111,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = os.path.join(path, "config.json")
             config = Qwen35Config.from_json_file(path)
         step = export_hf(
-            args.checkpoint_dir,
+            args.checkpoint,
             args.step,
             args.out,
             config=config,
@@ -133,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     what = "PEFT adapter, float32" if args.adapter else args.dtype + (", adapters merged" if args.merge else "")
-    print(f"exported step {step} of {args.checkpoint_dir} to {args.out} ({what})")
+    print(f"exported step {step} of {args.checkpoint} to {args.out} ({what})")
     if not os.path.isfile(os.path.join(args.out, "tokenizer.json")):
         print(
             f"export_hf: warning: checkpoint step {step} records no run config, so {args.out} has no tokenizer files: "
@@ -145,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """`rltldr-export-hf` (console script) and `python launch/export_hf.py`."""
-    sys.exit(main())
+    define_flags(flags.FLAGS)
+    as_main(__name__)
+    app.run(lambda argv: sys.exit(export(arguments(flags.FLAGS))), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
