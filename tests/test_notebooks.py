@@ -43,6 +43,20 @@ print(f"=== {os.path.basename(path)}: all cells ran", flush=True)
 """
 
 
+def _notebook_env(workdir) -> dict[str, str]:
+    """The environment the notebooks run in here: test mode, `workdir` as their run directory, no display, the
+    tests' compilation cache, the checkout importable."""
+    return {
+        **os.environ,
+        "RLTLDR_NOTEBOOK_TEST": "1",
+        "RLTLDR_NOTEBOOK_WORKDIR": str(workdir),
+        "MPLBACKEND": "Agg",
+        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
+
+
 def _load(name: str) -> dict:
     with open(os.path.join(COLAB, name), encoding="utf-8") as f:
         return json.load(f)
@@ -99,15 +113,7 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     and exports to HF, notebook 3 analyses the rollouts and measures the insight curves; all in test mode, on one
     run directory."""
     workdir = tmp_path / "run"
-    env = {
-        **os.environ,
-        "RLTLDR_NOTEBOOK_TEST": "1",
-        "RLTLDR_NOTEBOOK_WORKDIR": str(workdir),
-        "MPLBACKEND": "Agg",
-        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
-        "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
-    }
+    env = _notebook_env(workdir)
     seconds = {}
     for name in NOTEBOOKS:
         t0 = time.time()
@@ -156,7 +162,13 @@ def test_notebooks_run_top_to_bottom(tmp_path):
     bf16 = {r["kind"]: r for r in _csv(out / "orbax_vs_hf_bfloat16.csv")}
     assert float(bf16["all"]["changed"]) > 0 and float(bf16["all"]["exceed_bf16"]) == 0
     assert (out / "delta_theta_kinds.png").stat().st_size > 0
-    assert sorted(os.listdir(workdir / "hf" / "step2_float32")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(workdir / "hf" / "step2_float32")) == [  # a complete HF model directory
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
     # Notebook 3: the analyses' CSVs (the rule-based insights were classified) and the insight curves.
     analysis = workdir / "analysis"
@@ -183,15 +195,7 @@ def test_each_analysis_notebook_runs_on_its_own(tmp_path):
     the tiny run itself first (`rltldr_jax.train.tiny_run.ensure_tiny_run`) and goes through; it then uses that run
     as it is (rerun: nothing trained again)."""
     workdir = tmp_path / "alone"
-    env = {
-        **os.environ,
-        "RLTLDR_NOTEBOOK_TEST": "1",
-        "RLTLDR_NOTEBOOK_WORKDIR": str(workdir),
-        "MPLBACKEND": "Agg",
-        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
-        "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
-    }
+    env = _notebook_env(workdir)
     command = [sys.executable, "-c", RUNNER, os.path.join(COLAB, "03_insights.ipynb")]
     proc = subprocess.run(command, cwd=COLAB, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-3000:]}"
