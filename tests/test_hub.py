@@ -215,7 +215,7 @@ def test_delta_theta_takes_hub_ids_offline(offline, tmp_path):
     assert (
         out.stderr.strip()
         .splitlines()[-1]
-        .startswith("error: flag --a=org/missing: hub model org/missing is not in the local HF cache at ")
+        .startswith("error: flag --base_checkpoint=org/missing: hub model org/missing is not in the local HF cache at ")
     )
 
 

@@ -157,13 +157,16 @@ _MAIN_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _main_not_rerun() -> Iterator[None]:
-    """While a worker process starts: `__main__` without its file path, so that the spawned worker does not run
-    the calling script again. Python's spawn start method re-imports a script's `__main__` in every child (the
-    `if __name__ == "__main__":` guard multiprocessing asks scripts for); a script or notebook calling
+def _main_not_rerun(fn: Callable[..., Any]) -> Iterator[None]:
+    """While a worker process starts to run `fn`: `__main__` without its file path, so that the spawned worker does
+    not run the calling script again. Python's spawn start method re-imports a script's `__main__` in every child
+    (the `if __name__ == "__main__":` guard multiprocessing asks scripts for); a script or notebook calling
     `run_replication` at its top level would otherwise start the grid again in each worker (or fail in
-    `multiprocessing.spawn`). What the workers run is in this package, imported by name, never from `__main__`."""
-    main = sys.modules.get("__main__")
+    `multiprocessing.spawn`). Only when `fn` comes from a module imported by name (the grid's pieces, all in this
+    package): a function defined in the script itself needs the script in the worker (and so its guard)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    main = sys.modules.get("__main__") if getattr(fn, "__module__", "__main__") != "__main__" else None
     with _MAIN_LOCK:
         saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
         for key in saved:
@@ -208,7 +211,7 @@ def isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
                 _LIVE.add(pool)
             try:
                 cache = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
-                with _main_not_rerun():  # (submit starts the worker)
+                with _main_not_rerun(fn):  # (submit starts the worker)
                     future = pool.submit(_in_child, fn, args, kwargs, cache, levels, handler)
                 if line is not None:
                     line.started()  # (submit started the worker: it holds its ends of the line's pipes now)
