@@ -204,3 +204,17 @@ def test_the_launcher_packs_and_unpacks_and_runs_nothing(grid, tmp_path):
     assert both.returncode == 1 and both.stderr.strip().splitlines() == [
         "error: --pack and --unpack both given: pack on the machine the grid ran on, unpack on the next"
     ]
+
+
+def test_a_base_policy_is_packed_before_anything_of_its_seed_finished(grid, tmp_path):
+    """Pretraining a seed's base policy is its longest piece and cannot resume: a stint that ends after it (before
+    the base checks or a run) keeps it."""
+    out, runs, by_name = grid
+    for name in ("rltldr-s0", "rltldr-s1"):
+        os.remove(os.path.join(by_name[name].workdir, "summary.json"))
+    shutil.rmtree(os.path.join(out, "base"))
+    dest = str(tmp_path / "archive")
+    archive.pack(runs, out, dest, shipped_dir=str(tmp_path / "none"))
+    names = {os.path.basename(r.config.model.checkpoint) for r in runs}
+    assert set(json.loads(_files(dest)["manifest.json"])["pretrained"]) == names
+    assert {f"pretrained/{n}/model.safetensors" for n in names} <= set(_files(dest))

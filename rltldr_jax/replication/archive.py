@@ -12,7 +12,8 @@ What is kept (`pack`), from the grid's directory `out`:
   `launch/probe_plans.py` has run: the checkpoints they read are not kept);
 - per unfinished run that trains on a finished run's rollouts (the offline arms): that run's `rollouts/`;
 - `shared/` (arms that share another's run) and every seed's base checks (`base/s{seed}/`);
-- every base policy these pieces started from (its HF directory, ~1 MB), unless the package ships the same files
+- every base policy of the grid's seeds made so far (its HF directory, ~1 MB; one alone counts: pretraining is a
+  seed's longest piece and does not resume), unless the package ships the same files
   (`train.pretrain.SHIPPED_DIR`), with the path it was used at (`MANIFEST`).
 
 Nothing else: no checkpoints, TensorBoard events or rollouts of finished runs. `unpack` puts the files back where
@@ -96,7 +97,9 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
     shipped_dir = SHIPPED_DIR if shipped_dir is None else shipped_dir
     written: list[str] = []
     finished = {run.workdir for run in runs if not run.shared_with and read_summary(run.workdir) is not None}
-    used: set[str] = set()
+    # Every base policy the grid's runs start from that is made (pretrain.json written): with or without a finished
+    # run or base checks, since a base policy alone is the longest piece of a seed (pretraining is not resumable).
+    used: set[str] = {run.config.model.checkpoint for run in runs}
     for run in runs:
         if run.shared_with:
             continue
@@ -105,7 +108,6 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
             for f in RUN_FILES:
                 if os.path.isfile(os.path.join(run.workdir, f)):
                     _copy(os.path.join(run.workdir, f), os.path.join(archive, "runs", name, f), written)
-            used.add(run.config.model.checkpoint)
         elif run.depends_on in finished:  # (an offline arm still to run: the rollouts it trains on)
             source = rollouts_dir(run.depends_on)
             dst = os.path.join(archive, "runs", os.path.basename(run.depends_on), os.path.basename(source))
