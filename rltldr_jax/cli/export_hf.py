@@ -42,7 +42,7 @@ from types import SimpleNamespace
 
 from absl import app, flags
 
-from rltldr_jax.cli.common import as_main, define_alias, notice_renamed, parse_flags
+from rltldr_jax.cli.common import as_main, define_alias, notice_renamed, parse_flags, quiet_logging
 from rltldr_jax.config.base import absolute_path
 
 DTYPES = ("bfloat16", "float32", "float16")
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def export(args: SimpleNamespace) -> int:
     """The export of parsed flags: 0, or 2 with one line on stderr."""
+    quiet_logging()  # orbax logs every checkpoint operation at INFO through absl
     import jax.numpy as jnp
 
     from rltldr_jax.checkpoint import CheckpointMismatchError, export_hf
