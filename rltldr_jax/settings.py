@@ -588,6 +588,23 @@ def settings_of(config: Any) -> Settings:
     return from_tree(Settings, config)
 
 
+def recorded_settings(tree: Mapping[str, Any]) -> Settings:
+    """The `Settings` of a config recorded by an earlier version of this package (a finished run's summary.json, a
+    checkpoint's metadata): keys added since then take this version's defaults (what that version did before the
+    key existed), so earlier runs stay readable by the analyses; anything else as `settings_of`."""
+
+    def filled(defaults: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(node)
+        for key, value in defaults.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, Mapping) and isinstance(out[key], Mapping):
+                out[key] = filled(value, out[key])
+        return out
+
+    return settings_of(filled(as_dict(Settings()), tree))
+
+
 def as_dict(obj: Any) -> dict[str, Any]:
     """A settings dataclass (any section) as nested plain dicts keyed like its config (`extra()` keys inline): what
     `ConfigDict.to_dict()` gives for the same config, saved with checkpoints and compared on resume."""

@@ -166,3 +166,18 @@ def test_no_library_module_below_the_entry_points_handles_a_config_dict():
             if re.search(r"^\s*(import|from) ml_collections", text, re.MULTILINE):
                 found.append(os.path.join(rel, name))
     assert found == []
+
+
+def test_a_config_recorded_by_an_earlier_version_reads_with_todays_defaults():
+    """A finished run's recorded config (summary.json) lacks the keys added since (here `model.base_checkpoint` and
+    the `logging` section): the analyses read it with those keys at their defaults; `settings_of` stays strict."""
+    from rltldr_jax.settings import Settings, SettingsError, as_dict, recorded_settings, settings_of
+
+    old = as_dict(Settings())
+    del old["model"]["base_checkpoint"], old["logging"]
+    old["loss"]["lam"] = 0.25
+    with pytest.raises(SettingsError, match="config key 'model.base_checkpoint' is missing"):
+        settings_of(old)
+    settings = recorded_settings(old)
+    assert settings.loss.lam == 0.25 and settings.model.base_checkpoint == Settings().model.base_checkpoint
+    assert settings.logging == Settings().logging

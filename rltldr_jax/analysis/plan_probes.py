@@ -198,7 +198,7 @@ def probe_grid(
     its workdir (`PROBES_FILE`) and read from there next time while they cover its kept checkpoints."""
     from rltldr_jax.agent.eval_set import split_eval_tasks
     from rltldr_jax.replication.grid import finished_runs
-    from rltldr_jax.settings import replace, settings_of
+    from rltldr_jax.settings import recorded_settings, replace
     from rltldr_jax.tokenization import context_builder
     from rltldr_jax.train.setup import policy_tokenizer
 
@@ -206,7 +206,7 @@ def probe_grid(
     for summary in finished_runs(out):
         if arms and summary["arm"] not in arms or "config" not in summary:
             continue
-        config = settings_of(summary["config"])
+        config = recorded_settings(summary["config"])  # (runs of an earlier version: keys added since at defaults)
         if config.mode == "sft":  # (offline: its checkpoints are epochs, not points of a curve over env steps)
             continue
         workdir = summary["workdir"]
