@@ -361,7 +361,7 @@ CHAT_TEMPLATE = r"""{%- set thinking = enable_thinking if enable_thinking is def
     {%- endif -%}
 {%- endif -%}"""
 
-#: The files of an HF tokenizer that travel with its tokenizer.json (`hub.TOKENIZER_FILES`' other names).
+#: The files of an HF tokenizer that travel with its tokenizer.json (`models.hub.TOKENIZER_FILES` is built from them).
 TOKENIZER_COMPANIONS = (
     "tokenizer_config.json",
     "special_tokens_map.json",

@@ -278,4 +278,8 @@ def test_the_template_our_exports_write_passes_the_check(thinking):
     run built equal what that template renders (both thinking modes), so an export loads into training again."""
     from rltldr_jax.tokenization import chat_template
 
-    check_chat_template(ContextBuilder(load_tokenizer(), thinking=thinking), ChatTemplate(chat_template(thinking), "x"))
+    builder = ContextBuilder(load_tokenizer(), thinking=thinking)
+    assert check_chat_template(builder, ChatTemplate(chat_template(thinking), "x")) is None  # (raises on a mismatch)
+    altered = chat_template(thinking).replace("<|im_start|>", "<|im_begin|>", 1)
+    with pytest.raises(ChatFormatMismatch):
+        check_chat_template(builder, ChatTemplate(altered, "x"))

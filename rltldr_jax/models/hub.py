@@ -32,19 +32,10 @@ import os
 import re
 from typing import Literal
 
+from rltldr_jax.tokenization import TOKENIZER_COMPANIONS
+
 #: The tokenizer files of an HF repository (any of them may be absent): fetched with a model and for a tokenizer.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "*.model",
-    "*.tiktoken",
-)
+TOKENIZER_FILES = ("tokenizer.json", *TOKENIZER_COMPANIONS, "*.model", "*.tiktoken")
 
 #: What `resolve` fetches of a repository, and what the snapshot must then hold (glob patterns; one match each).
 PATTERNS: dict[str, tuple[str, ...]] = {
