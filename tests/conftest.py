@@ -112,6 +112,27 @@ def tiny_policy():
         yield model, engine
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_found():
+    """Each test leaves the logging set-up as it found it: a launcher's `main` run in-process
+    (`cli.common.quiet_logging`) adds a handler to the package's logger and sets levels, which
+    `replication.driver.isolated` passes on to its workers; left in place, a later test on the same pytest-xdist
+    worker would see other output than run alone."""
+    import logging
+
+    names = ("", "rltldr_jax", "absl", "orbax", "jax._src.xla_bridge")
+    saved = {
+        n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
+        for n in names
+    }
+    yield
+    for name, (level, handlers, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _sapi_tasks_generated_once():
     """Every Trainer (and evaluation) loads its split through `load_tasks`, which generates SAPI's ~16k train tasks

@@ -65,20 +65,29 @@ def _dying_worker() -> None:
     os._exit(3)
 
 
-def test_a_worker_is_one_line_drawn_by_its_parent():
+@pytest.mark.parametrize("launcher_logging", [False, True], ids=["plain", "launcher"])
+def test_a_worker_is_one_line_drawn_by_its_parent(launcher_logging):
     """The worker's bars are one line of the board, named by the task (the outer bar's count, the inner bar's label);
-    its output, whatever wrote it, is printed whole above the bars, prefixed by the task's name."""
+    its output, whatever wrote it, is printed whole above the bars, prefixed by the task's name. Under a launcher
+    (`quiet_logging`: the package's log lines timestamped) the worker's log lines are timestamped too."""
+    from rltldr_jax.cli.common import quiet_logging
     from rltldr_jax.progress import Board
     from rltldr_jax.replication.driver import isolated
 
+    package = logging.getLogger("rltldr_jax")
+    assert not package.handlers, "a handler left by another test (conftest restores the logging set-up after each)"
+    if launcher_logging:
+        quiet_logging()
     stream = io.StringIO()
     with Board(stream, total=1) as board:
         with board.task("job"):
             assert isolated(_worker, 3) == 30
         board.advance()
     shown = _segments(stream.getvalue())
-    for line in ("to stdout", "a warning", "raw", "no newline"):
+    for line in ("to stdout", "raw", "no newline"):
         assert shown.count(f"job · {line}") == 1, (line, shown)
+    stamp = r"\d\d:\d\d:\d\d " if launcher_logging else ""
+    assert sum(bool(re.fullmatch(f"job · {stamp}a warning", s)) for s in shown) == 1, shown
     assert all(s.startswith(("job ", "grid")) for s in shown), shown  # no bar of its own for an inner bar
     assert any(s.startswith("job · phase 3 done:") and "3/3 [" in s for s in shown), shown  # the run's bar at its end
     for tag in range(3):  # each phase's bar labels the run's bar
