@@ -19,7 +19,10 @@ seed and every preset of one world share it. The result is an ordinary HF checkp
 model.safetensors, tokenizer.json) that `model.checkpoint` and every launcher take, plus `pretrain.json` (the
 settings and the loss curve). It is cached under `pretrain.cache_dir` by a hash of everything it depends on
 (`pretrain_key`), written to a temporary directory and renamed when complete, so an interrupted run never leaves a
-half checkpoint that a later run would take. The replication's base policies (seeds 0-2 of `configs/replicate.py`)
+half checkpoint that a later run would take. A run stopped on the way (SIGTERM/SIGINT: at the next pool of
+demonstrations; a kill: since the last save) continues where its state was saved (`resume_dir`: parameters,
+optimizer state, the demonstrations' generator, the loss curve; saved every `SAVE_EVERY_SECONDS` and on a stop),
+to the same bytes as a run never stopped. The replication's base policies (seeds 0-2 of `configs/replicate.py`)
 ship with the package (`SHIPPED_DIR`, 1 MB each) and are used when their key matches (`pretrain.shipped`).
 """
 
@@ -41,15 +44,18 @@ import optax
 from rltldr_jax import strict_json
 from rltldr_jax.agent.episode import task_text
 from rltldr_jax.agent.step_examples import Example
+from rltldr_jax.checkpoint import Checkpointer
 from rltldr_jax.envs.registry import demonstrations, world_fingerprint
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, save_pretrained
+from rltldr_jax.models.hf import CorruptCheckpointError
 from rltldr_jax.settings import Pretrain, Settings, as_dict, build, replace
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.tokenization import INSIGHT_SCAFFOLD, ContextBuilder, Insight, Step, Tokenizer, train_chatml_tokenizer
 from rltldr_jax.train.batching import pack
 from rltldr_jax.train.setup import ShardedUpdate
 from rltldr_jax.train.step import LossConfig
+from rltldr_jax.train.stopping import RunStopped, StopSignals, signal_name
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,11 @@ TOKENIZER_CORPUS = 4000
 #: `LENGTH_BUCKETS` batches so that short examples are not padded to the longest.
 PAD_MULTIPLE = 64
 LENGTH_BUCKETS = 4
+
+
+#: Pretraining saves its state (`resume_dir`) at the first pool boundary after this many seconds since the last save,
+#: and when asked to stop.
+SAVE_EVERY_SECONDS = 300.0
 
 
 #: Pretrain settings added after base policies shipped: they enter `pretrain_key` only when set away from their
@@ -129,6 +140,12 @@ def find_pretrained(config: Settings) -> str | None:
     return shipped
 
 
+def resume_dir(config: Settings) -> str:
+    """Where an unfinished pretraining of `config` keeps its state (an orbax checkpoint, `Checkpointer`): beside the
+    checkpoint it will write, `{pretrained_dir}.resume`; removed once that checkpoint is complete."""
+    return pretrained_dir(config) + ".resume"
+
+
 def build_tokenizer(config: Settings) -> Tokenizer:
     """The world's small tokenizer: BPE on the task messages, insight messages and actions of `TOKENIZER_CORPUS`
     demonstrations (seed 0; their insights reworded as pretraining's, `pretrain.reword_prob`), plus the chat
@@ -180,6 +197,11 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
       config: a validated config with `pretrain.steps > 0`.
       progress: a progress bar over the steps.
       on_log: called with (step, mean NLL of the last steps) about 20 times per run.
+
+    Raises:
+      RunStopped: SIGTERM or SIGINT arrived (in the main thread); the state is saved at the next pool of
+        demonstrations (`resume_dir`) and the same call continues from it; a second signal stops at once
+        (`Interrupted`), continuing later from the last periodic save.
     """
     p = config.pretrain
     if p.steps <= 0:
@@ -210,61 +232,122 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
         reword_prob=p.reword_prob,
     )
     rng = np.random.default_rng([config.seed, 1])
-    curve: list[tuple[int, float]] = []
-    window: list[float] = []
-    bar = None
-    if progress:
-        from rltldr_jax import progress as bars
+    key = pretrain_key(config)
+    saved = Checkpointer(resume_dir(config), keep=1, async_save=False)
+    with saved, StopSignals(defer=True) as signals:
+        state = _restore(saved, update, rng, key)
+        step, curve, window = state["step"], state["curve"], state["window"]
+        seconds, resumed = state["seconds"], state["resumed_from"]
+        bar = None
+        if progress:
+            from rltldr_jax import progress as bars
 
-        bar = bars.bar(p.steps, "pretrain", unit="step")
-    step = 0
-    while step < p.steps:
-        pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
-        pool.sort(key=len)
-        for k in range(LENGTH_BUCKETS):
-            if step == p.steps:
-                break
-            (batch,) = pack(
-                pool[k * p.batch_size : (k + 1) * p.batch_size],
-                micro_batch_size=p.batch_size,
-                grad_accum_steps=1,
-                pad_to_multiple=PAD_MULTIPLE,
-            )
-            nll = float(update.step(batch)["sft_nll"])
-            if not np.isfinite(nll):
-                raise FloatingPointError(
-                    f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate"
+            bar = bars.bar(p.steps, "pretrain", unit="step", initial=step)
+        last_save, saved_step = time.monotonic(), (step if resumed else None)
+        while step < p.steps:
+            # A pool boundary: everything the rest of the run depends on is in the state below.
+            due = signals.requested or time.monotonic() - last_save >= SAVE_EVERY_SECONDS
+            if due and step != saved_step:
+                state = {"key": key, "step": step, "curve": curve, "window": window, "resumed_from": resumed}
+                state["seconds"] = seconds + time.time() - t0
+                saved.save(step, params=update.params, opt_state=update.opt_state, rng=None, meta=_meta(state, rng))
+                last_save, saved_step = time.monotonic(), step
+            if signals.requested:
+                if bar is not None:
+                    bar.close()
+                raise RunStopped(
+                    signals.requested,
+                    f"pretraining stopped by {signal_name(signals.requested)} at step {step} of {p.steps}; its "
+                    f"state is saved in {resume_dir(config)}: the same command continues it",
                 )
-            window.append(nll)
-            step += 1
-            if bar is not None:
-                bar.update(1)
-            if step % max(1, p.steps // 20) == 0 or step == p.steps:
-                curve.append((step, float(np.mean(window))))
-                window = []
-                if on_log is not None:
-                    on_log(*curve[-1])
-    if bar is not None:
-        bar.close()
+            pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
+            pool.sort(key=len)
+            for k in range(LENGTH_BUCKETS):
+                if step == p.steps:
+                    break
+                (batch,) = pack(
+                    pool[k * p.batch_size : (k + 1) * p.batch_size],
+                    micro_batch_size=p.batch_size,
+                    grad_accum_steps=1,
+                    pad_to_multiple=PAD_MULTIPLE,
+                )
+                nll = float(update.step(batch)["sft_nll"])
+                if not np.isfinite(nll):
+                    raise FloatingPointError(
+                        f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate"
+                    )
+                window.append(nll)
+                step += 1
+                if bar is not None:
+                    bar.update(1)
+                if step % max(1, p.steps // 20) == 0 or step == p.steps:
+                    curve.append((step, float(np.mean(window))))
+                    window = []
+                    if on_log is not None:
+                        on_log(*curve[-1])
+        if bar is not None:
+            bar.close()
+        requested = signals.requested  # during the last pool: the run is finished and saved, then stops
     tmp = f"{out}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained(update.model(), tmp)
     tokenizer.save(tmp)
     record = {
-        "key": pretrain_key(config),
-        "seconds": time.time() - t0,
+        "key": key,
+        "seconds": seconds + time.time() - t0,
         "nll_curve": curve,
         "pretrain": as_dict(p),
         "preset": config.model.preset,
         "env": config.env.name,
         "seed": config.seed,
     }
+    if resumed:
+        record["resumed_from"] = resumed  # the steps a stopped run continued from
     with open(os.path.join(tmp, "pretrain.json"), "w", encoding="utf-8") as f:
         strict_json.dump(record, f, indent=1)  # (a NaN loss as null)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     os.replace(tmp, out)
+    shutil.rmtree(resume_dir(config), ignore_errors=True)
     log.info("pretrained %s in %.0f s (final NLL %.4f)", out, record["seconds"], curve[-1][1])
+    if requested:
+        raise RunStopped(requested, f"stopped by {signal_name(requested)} once pretraining had finished ({out})")
     return out
+
+
+def _meta(state: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """The JSON of a pretraining state: `state` and the demonstrations' generator (its 128-bit integers as text)."""
+    gen = rng.bit_generator.state
+    return {**state, "rng": {**gen, "state": {k: str(v) for k, v in gen["state"].items()}}}
+
+
+def _restore(saved: Checkpointer, update: ShardedUpdate, rng: np.random.Generator, key: str) -> dict[str, Any]:
+    """The state of the run to continue (its parameters and optimizer state put into `update`, its generator's state
+    into `rng`), or a fresh start's when there is none; a damaged one is reported and started afresh."""
+    fresh = {"step": 0, "curve": [], "window": [], "seconds": 0.0, "resumed_from": []}
+    if saved.latest_step() is None:
+        return fresh
+    params, opt_state = update.abstract()
+    try:
+        restored = saved.restore(abstract_params=params, abstract_opt_state=opt_state)
+    except CorruptCheckpointError as e:
+        log.warning("the saved pretraining state is damaged (%s): pretraining from the start", e)
+        return fresh
+    meta = restored.meta
+    if meta.get("key") != key:
+        raise ValueError(
+            f"{saved.directory} holds the state of another pretraining (key {meta.get('key')}, not {key}): remove it"
+        )
+    update.params, update.opt_state = restored.params, restored.opt_state
+    gen = meta["rng"]
+    rng.bit_generator.state = {**gen, "state": {k: int(v) for k, v in gen["state"].items()}}
+    log.info("pretraining continues from step %d (state saved in %s)", meta["step"], saved.directory)
+    return {
+        "step": meta["step"],
+        "curve": [(int(s), float(v)) for s, v in meta["curve"]],
+        "window": [float(v) for v in meta["window"]],
+        "seconds": float(meta["seconds"]),
+        "resumed_from": [*meta["resumed_from"], meta["step"]],
+    }
 
 
 def ensure_pretrained(config: Settings, *, progress: bool = False) -> Settings:
