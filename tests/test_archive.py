@@ -207,7 +207,7 @@ def test_the_launcher_packs_and_unpacks_and_runs_nothing(grid, tmp_path):
 
 
 def test_a_base_policy_is_packed_before_anything_of_its_seed_finished(grid, tmp_path):
-    """Pretraining a seed's base policy is its longest piece and cannot resume: a stint that ends after it (before
+    """Pretraining a seed's base policy is its longest piece: a stint that ends after it (before
     the base checks or a run) keeps it."""
     out, runs, by_name = grid
     for name in ("rltldr-s0", "rltldr-s1"):
@@ -218,3 +218,50 @@ def test_a_base_policy_is_packed_before_anything_of_its_seed_finished(grid, tmp_
     names = {os.path.basename(r.config.model.checkpoint) for r in runs}
     assert set(json.loads(_files(dest)["manifest.json"])["pretrained"]) == names
     assert {f"pretrained/{n}/model.safetensors" for n in names} <= set(_files(dest))
+
+
+def test_a_base_policy_still_pretraining_is_carried_as_its_newest_state(grid, tmp_path):
+    """A stint that ends during pretraining packs its saved state (`train.pretrain.resume_dir`); a later pack replaces
+    it with the newer one; unpacking puts it back where pretraining looks for it; once the policy is made it leaves
+    the archive."""
+    import jax.numpy as jnp
+
+    from rltldr_jax.checkpoint import Checkpointer
+    from rltldr_jax.train.pretrain import RESUME_SUFFIX, saved_step
+
+    out, runs, by_name = grid
+    base = by_name["rltldr-s1"].config.model.checkpoint
+    shutil.rmtree(base)  # seed 1's base policy: still pretraining
+    state = base + RESUME_SUFFIX
+    name = os.path.basename(base)
+    dest = str(tmp_path / "archive")
+
+    def save(step: int) -> None:
+        with Checkpointer(state, keep=1, async_save=False) as saved:
+            saved.save(step, params={"w": jnp.full(3, float(step))}, opt_state=None, rng=None, meta={"step": step})
+
+    save(8)
+    archive.pack(runs, out, dest, shipped_dir=str(tmp_path / "none"))
+    manifest = json.loads(_files(dest)["manifest.json"])
+    assert manifest["pretraining"] == {name: {"path": state, "step": 8}} and name not in manifest["pretrained"]
+    assert saved_step(os.path.join(dest, "pretraining", name)) == 8
+    assert archive.summary_of(dest)["pretraining states"] == 1
+
+    save(12)
+    archive.pack(runs, out, dest, shipped_dir=str(tmp_path / "none"))
+    assert json.loads(_files(dest)["manifest.json"])["pretraining"][name]["step"] == 12
+    assert not any(f.startswith(f"pretraining/{name}/8/") for f in _files(dest))  # (the older state is replaced)
+
+    shutil.rmtree(state)  # a new machine
+    assert any(p.startswith(state) for p in archive.unpack(dest, out, shipped_dir=str(tmp_path / "none")))
+    with Checkpointer(state, keep=1, create=False) as saved:
+        restored = saved.restore(abstract_params={"w": jnp.zeros(3)})
+    assert restored.step == 12 and restored.meta == {"step": 12} and restored.params["w"].tolist() == [12.0] * 3
+    assert not any(p.startswith(state) for p in archive.unpack(dest, out, shipped_dir=str(tmp_path / "none")))
+
+    _write(os.path.join(base, "pretrain.json"), json.dumps({"seed": 1}))  # made: the state has no more use
+    _write(os.path.join(base, "model.safetensors"), "weights of seed 1")
+    archive.pack(runs, out, dest, shipped_dir=str(tmp_path / "none"))
+    manifest = json.loads(_files(dest)["manifest.json"])
+    assert "pretraining" not in manifest and name in manifest["pretrained"]
+    assert not os.path.exists(os.path.join(dest, "pretraining", name))

@@ -13,8 +13,10 @@ What is kept (`pack`), from the grid's directory `out`:
 - per unfinished run that trains on a finished run's rollouts (the offline arms): that run's `rollouts/`;
 - `shared/` (arms that share another's run) and every seed's base checks (`base/s{seed}/`);
 - every base policy of the grid's seeds made so far (its HF directory, ~1 MB; one alone counts: pretraining is a
-  seed's longest piece and does not resume), unless the package ships the same files
-  (`train.pretrain.SHIPPED_DIR`), with the path it was used at (`MANIFEST`).
+  seed's longest piece), unless the package ships the same files (`train.pretrain.SHIPPED_DIR`), with the path it
+  was used at (`MANIFEST`);
+- the saved state of a base policy still pretraining (`train.pretrain.resume_dir`, a few MB), so the next machine
+  continues it: the newest replaces the one packed before, and it leaves the archive once the policy is made.
 
 Nothing else: no checkpoints, TensorBoard events or rollouts of finished runs. `unpack` puts the files back where
 they were (the grid's directory, base policies at the paths the runs' configs name), so the grid must be resumed
@@ -39,8 +41,11 @@ from rltldr_jax.replication.grid import SHARED, SUMMARY, Run, read_summary
 RUN_FILES = (SUMMARY, "metrics.jsonl", PROBES_FILE)
 #: The base checks' files of a seed (replication/driver.py CHECKS_FILES).
 CHECKS_DIR = "base"
-#: The archive's index: {"pretrained": {directory name: {"path": where the runs used it, "shipped": bool}}}.
+#: The archive's index: {"pretrained": {directory name: {"path": where the runs used it, "shipped": bool}},
+#: "pretraining": {directory name: {"path": where its saved state was, "step": the step it continues from}}}.
 MANIFEST = "manifest.json"
+#: The archive's directory of saved pretraining states (and their key in `MANIFEST`).
+PRETRAINING = "pretraining"
 
 
 class ArchiveError(RuntimeError):
@@ -98,7 +103,7 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
     written: list[str] = []
     finished = {run.workdir for run in runs if not run.shared_with and read_summary(run.workdir) is not None}
     # Every base policy the grid's runs start from that is made (pretrain.json written): with or without a finished
-    # run or base checks, since a base policy alone is the longest piece of a seed (pretraining is not resumable).
+    # run or base checks, since a base policy alone is the longest piece of a seed.
     used: set[str] = {run.config.model.checkpoint for run in runs}
     for run in runs:
         if run.shared_with:
@@ -129,6 +134,7 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
         if not shipped:
             _copy_tree(path, os.path.join(archive, "pretrained", name), written)
         manifest["pretrained"][name] = {"path": path, "shipped": shipped}
+    _pack_pretraining(used, archive, manifest, written)
     os.makedirs(archive, exist_ok=True)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     path = os.path.join(archive, MANIFEST)
@@ -138,6 +144,29 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
         os.replace(f"{path}.tmp", path)
         written.append(path)
     return written
+
+
+def _pack_pretraining(used: Iterable[str], archive: str, manifest: dict, written: list[str]) -> None:
+    """The saved states of the base policies in `used` still pretraining, into `{archive}/pretraining/{name}` and
+    `manifest["pretraining"]` (the module docstring)."""
+    from rltldr_jax.train.pretrain import RESUME_SUFFIX, saved_step
+
+    states = manifest.pop(PRETRAINING, {})
+    for path in sorted(p for p in used if p):
+        name = os.path.basename(path.rstrip(os.sep))
+        kept = os.path.join(archive, PRETRAINING, name)
+        step = None if os.path.isfile(os.path.join(path, "pretrain.json")) else saved_step(path + RESUME_SUFFIX)
+        if step is None:  # made (or not started): no state to carry
+            if states.pop(name, None) is not None:
+                shutil.rmtree(kept, ignore_errors=True)
+            continue
+        if states.get(name, {}).get("step") == step and os.path.isdir(kept):
+            continue
+        shutil.rmtree(kept, ignore_errors=True)  # (an older state of the same pretraining)
+        _copy_tree(path + RESUME_SUFFIX, kept, written)
+        states[name] = {"path": path + RESUME_SUFFIX, "step": step}
+    if states:
+        manifest[PRETRAINING] = states
 
 
 def unpack(archive: str, out: str, *, shipped_dir: str | None = None) -> list[str]:
@@ -157,6 +186,17 @@ def unpack(archive: str, out: str, *, shipped_dir: str | None = None) -> list[st
         if not os.path.isdir(src):
             raise ArchiveError(f"base policy {name} is neither in {archive}/pretrained nor shipped ({shipped_dir})")
         _copy_tree(src, entry["path"], written)
+    from rltldr_jax.train.pretrain import RESUME_SUFFIX, saved_step
+
+    for name, entry in sorted(_read_manifest(archive).get(PRETRAINING, {}).items()):
+        state = entry["path"]
+        if os.path.isfile(os.path.join(state.removesuffix(RESUME_SUFFIX), "pretrain.json")):
+            continue  # made here since
+        here = saved_step(state)
+        if here is not None and here >= entry["step"]:
+            continue  # as far here, or further
+        shutil.rmtree(state, ignore_errors=True)
+        _copy_tree(os.path.join(archive, PRETRAINING, name), state, written)
     return written
 
 
@@ -185,10 +225,15 @@ def archived_runs(archive: str) -> list[str]:
 
 
 def summary_of(archive: str) -> Mapping[str, int]:
-    """Counts of what an archive holds: finished runs, seeds with base checks, base policies."""
+    """Counts of what an archive holds: finished runs, seeds with base checks, base policies, and (when there are
+    any) saved states of base policies still pretraining."""
     checks = os.path.join(archive, CHECKS_DIR)
-    return {
+    manifest = _read_manifest(archive)
+    counts = {
         "runs": len(archived_runs(archive)),
         "base checks": len(os.listdir(checks)) if os.path.isdir(checks) else 0,
-        "base policies": len(_read_manifest(archive)["pretrained"]),
+        "base policies": len(manifest["pretrained"]),
     }
+    if manifest.get(PRETRAINING):
+        counts["pretraining states"] = len(manifest[PRETRAINING])
+    return counts

@@ -72,6 +72,8 @@ LENGTH_BUCKETS = 4
 #: Pretraining saves its state (`resume_dir`) at the first pool boundary after this many seconds since the last save,
 #: and when asked to stop.
 SAVE_EVERY_SECONDS = 300.0
+#: `resume_dir` is the checkpoint's directory with this suffix.
+RESUME_SUFFIX = ".resume"
 
 
 #: Pretrain settings added after base policies shipped: they enter `pretrain_key` only when set away from their
@@ -143,7 +145,15 @@ def find_pretrained(config: Settings) -> str | None:
 def resume_dir(config: Settings) -> str:
     """Where an unfinished pretraining of `config` keeps its state (an orbax checkpoint, `Checkpointer`): beside the
     checkpoint it will write, `{pretrained_dir}.resume`; removed once that checkpoint is complete."""
-    return pretrained_dir(config) + ".resume"
+    return pretrained_dir(config) + RESUME_SUFFIX
+
+
+def saved_step(state: str) -> int | None:
+    """The step an unfinished pretraining's saved state (`resume_dir`) continues from; None when there is none."""
+    if not os.path.isdir(state):
+        return None
+    with Checkpointer(state, keep=1, create=False) as saved:
+        return saved.latest_step()
 
 
 def build_tokenizer(config: Settings) -> Tokenizer:
