@@ -201,6 +201,30 @@ def test_a_lora_runs_checkpoint_exports_as_adapter_or_merged_and_trains_on(lora_
         policy(4)
 
 
+def test_delta_theta_reads_a_lora_checkpoint_as_the_policy_it_trained(lora_runs, tmp_path):
+    """Δθ of a LoRA run (analysis/delta_theta.py): its orbax checkpoint reads tensor for tensor as its merged export,
+    and against its base, Δθ is the adapters' update, in the adapted layers only."""
+    from rltldr_jax.analysis.delta_theta import compare, open_checkpoint
+    from rltldr_jax.checkpoint import export_hf, restore_model
+    from rltldr_jax.models import save_pretrained
+
+    ckpts = os.path.join(lora_runs["ref"], "checkpoints")
+    export_hf(ckpts, None, tmp_path / "merged", adapter="merge", dtype=jnp.float32)
+    _, trained = restore_model(ckpts, compute_dtype=jnp.float32)
+    save_pretrained(lora.without_adapters(trained), tmp_path / "base", dtype=jnp.float32)
+    with open_checkpoint(ckpts) as ours, open_checkpoint(str(tmp_path / "merged")) as merged:
+        assert [t.name for t in ours.tensors] == [t.name for t in merged.tensors]
+        for t in ours.tensors:
+            np.testing.assert_allclose(ours.read(t.name), merged.read(t.name), rtol=0, atol=1e-6, err_msg=t.name)
+    report = compare(str(tmp_path / "base"), ckpts)
+    reference = compare(str(tmp_path / "base"), str(tmp_path / "merged"))
+    for kind, stats in report.by_kind.items():
+        assert stats.n == reference.by_kind[kind].n
+        assert stats.l2sq == pytest.approx(reference.by_kind[kind].l2sq, rel=1e-5, abs=1e-12), kind
+    assert report.by_kind["embeddings"].l2sq == 0 and report.by_kind["norms"].l2sq == 0
+    assert report.by_kind["attention"].l2sq > 0 and report.by_kind["mlp"].l2sq > 0
+
+
 def test_the_export_launcher_writes_adapters_and_says_what_it_wrote(lora_runs, tmp_path, capsys):
     from rltldr_jax.cli import export_hf
 

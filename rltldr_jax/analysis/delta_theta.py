@@ -50,7 +50,9 @@ tensor pair at a time:
   item one array at a time (`partial_restore`), so one *stacked* parameter is in memory per orbax checkpoint
   (all layers of one run of the block pattern, e.g. the 9B's first-run MLP up-projections, 8×3×4096×12288
   entries: 2.4 GB in bf16, 4.8 GB in fp32), and its layers are compared one by one. orbax cannot restore a
-  slice of an array through this API, so that is the floor.
+  slice of an array through this API, so that is the floor. A LoRA run's checkpoint (`model.lora.rank` > 0 in its
+  recorded config) is read as the policy it trained: each adapted kernel as W + (α/r)·A·B (`models.lora.merged`),
+  so Δθ against the base is the adapters' update in the base's coordinates.
 
 Memory otherwise stays at a few tensors' worth: entries are converted to float64 in row blocks of about
 `chunk_elems` entries. Non-finite values and mismatching tensors fail with the tensor's name and both shapes.
@@ -596,10 +598,11 @@ class OrbaxSource(Source):
 
         from rltldr_jax.checkpoint import Checkpointer
         from rltldr_jax.models import Qwen35Config
+        from rltldr_jax.models.lora import lora_spec_of_run
 
         ckpt = Checkpointer(directory, keep=None, async_save=False, create=False)
         try:
-            step, state, _ = ckpt.read_state(step)
+            step, state, meta = ckpt.read_state(step)
             stored = ckpt.stored_arrays(step, "params")
             params_dir = ckpt.directory / str(step) / "params"
         finally:
@@ -628,6 +631,11 @@ class OrbaxSource(Source):
         self.tensors = []
         # HF name → (stored array, (block, layer) or None, transform)
         self._where: dict[str, tuple[str, tuple[int, int] | None, str]] = {}
+        # A LoRA run's checkpoint (its recorded config says so): kernel leaf → its adapters' (A, B) leaves; a
+        # kernel is read as W + (α/r)·A·B (`models.lora.merged`), the policy the run trained.
+        adapters = lora_spec_of_run(meta.get("config"))
+        self._scale = adapters.scale if adapters is not None else 0.0
+        self._lora: dict[str, tuple[str, str]] = {}
         missing, misshaped, used = [], [], set()
         for _, located, transform, ours, dotted in _expected(config):
             leaf = f"{dotted}.value" if f"{dotted}.value" in stored else dotted
@@ -635,6 +643,15 @@ class OrbaxSource(Source):
                 missing.append(dotted)
                 continue
             used.add(leaf)
+            owner = dotted.rsplit(".", 1)[0]
+            if adapters is not None:
+                found = [
+                    next((n for n in (f"{owner}.lora.{ab}.value", f"{owner}.lora.{ab}") if n in stored), None)
+                    for ab in ("lora_a", "lora_b")
+                ]
+                if all(found):
+                    self._lora[leaf] = (found[0], found[1])
+                    used.update(found)
             meta = stored[leaf]
             if tuple(meta.shape) != ours:
                 misshaped.append(f"{dotted}: checkpoint {tuple(meta.shape)} ≠ config {ours}")
@@ -651,6 +668,15 @@ class OrbaxSource(Source):
         self._cached: tuple[str, np.ndarray] | None = None
 
     def _restore(self, leaf: str) -> np.ndarray:
+        """One stored (stacked) kernel or other parameter as numpy in its stored dtype, with its LoRA update merged
+        in when it has adapters (in float32, as `models.lora.merged`)."""
+        value = self._restore_leaf(leaf)
+        if leaf not in self._lora:
+            return value
+        a, b = (self._restore_leaf(n).astype(np.float32) for n in self._lora[leaf])
+        return (value.astype(np.float32) + self._scale * np.matmul(a, b)).astype(value.dtype)
+
+    def _restore_leaf(self, leaf: str) -> np.ndarray:
         """One stored array, in its stored dtype, as numpy (orbax `partial_restore`: nothing else is read)."""
         import jax
         import orbax.checkpoint as ocp
