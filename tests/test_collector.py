@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -48,6 +49,8 @@ def test_phase_groups_and_sequential_insights(tiny_policy, builder, tmp_path):
 
 
 def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
+    """Two collections of the same phase are equal, and so is a third collected from a running event loop (as in a
+    notebook kernel: `blocking.run`)."""
     _, engine = tiny_policy
     tasks = generate_tasks("train", seed=0, n=60)[2:4]
 
@@ -64,13 +67,17 @@ def test_exact_group_size_makes_a_phase_deterministic(tiny_policy, builder):
         )
         return collector.collect(tasks, phase=3).groups()
 
+    async def in_a_cell():  # a Jupyter or Colab cell: synchronous code called inside the kernel's running loop
+        return phase()
+
     first, second = phase(), phase()
+    third = asyncio.run(in_a_cell())  # (asyncio.run inside collect would refuse: a loop is running)
     assert {k: len(g) for k, g in first.items()} == {t.task_id: 2 for t in tasks}
     for task_id, group in first.items():
-        for a, b in zip(group, second[task_id], strict=True):
-            assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
-            assert [s.logprobs for s in a.steps] == [s.logprobs for s in b.steps]
-            assert a.insights == b.insights and a.verdict == b.verdict
+        for a, b, c in zip(group, second[task_id], third[task_id], strict=True):
+            assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps] == [s.action_ids for s in c.steps]
+            assert [s.logprobs for s in a.steps] == [s.logprobs for s in b.steps] == [s.logprobs for s in c.steps]
+            assert a.insights == b.insights == c.insights and a.verdict == b.verdict == c.verdict
 
 
 class OneChainPerTask(Collector):

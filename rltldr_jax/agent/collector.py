@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rltldr_jax import blocking
 from rltldr_jax.agent.episode import Attempt, EpisodeConfig, run_attempt, step_seed
 from rltldr_jax.agent.insight import InsightWriter, WriterOutput
 from rltldr_jax.agent.schedule import InsightSchedule
@@ -143,8 +144,8 @@ class Collector:
         return self.exact_group_size and self.writer is None and self.schedule.policy == "never"
 
     def collect(self, tasks: Sequence[Task], phase: int) -> PhaseResult:
-        """Runs one phase (blocking)."""
-        return asyncio.run(self.collect_async(tasks, phase))
+        """Runs one phase (blocking; also from a running event loop, such as a Jupyter kernel's)."""
+        return blocking.run(self.collect_async(tasks, phase))
 
     def start(self, tasks: Sequence[Task], phase: int) -> PendingPhase:
         """Starts one phase in a background thread (its own asyncio loop) and returns at once (`PendingPhase`).

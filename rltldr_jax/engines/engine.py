@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal, Self
 
+from rltldr_jax import blocking
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -119,12 +121,12 @@ class GenerationEngine(abc.ABC):
 
     def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Blocking batch generation (results in request order), for scripts and evaluation: `generate` on a fresh
-        event loop. Not to be called from a running event loop."""
+        event loop (on a thread of its own when called from a running loop, such as a Jupyter kernel's)."""
 
         async def gather() -> list[GenerationResult]:
             return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
-        return asyncio.run(gather())
+        return blocking.run(gather())
 
     @property
     def weight_version(self) -> int:
