@@ -7,10 +7,19 @@ which keeps the .py in sync), then
 
     python colab/build_notebooks.py            # (re)write colab/*.ipynb from colab/*.py
     python colab/build_notebooks.py --check    # exit 1 if a notebook differs from what its .py builds
+    python colab/build_notebooks.py --execute  # run each notebook on this machine and keep its outputs
 
-Every notebook is nbformat 4.5 JSON laid out as nbformat writes it (sorted keys, one-space indent), with empty
-outputs, stable cell ids (`nb01-00`, ...) and fixed metadata (Colab's `colab` block, the Python 3 kernel), so the
-.ipynb files only change when their source does, and `jupytext --sync` writes the same bytes for them. Code cells
+Every notebook is nbformat 4.5 JSON laid out as nbformat writes it (sorted keys, one-space indent), with stable cell
+ids (`nb01-00`, ...) and fixed metadata (Colab's `colab` block, the Python 3 kernel), so the .ipynb files only
+change when their source does.
+
+**Rendered outputs.** `--execute` (needs `nbclient` and `ipykernel`: `pip install nbclient ipykernel`) runs a
+notebook top to bottom in a fresh kernel from colab/ (the set-up cell finds the checkout; nothing is cloned) and keeps
+what a reader should see before running it: printed text (log lines as the terminal would show them: progress-bar
+redraws collapsed, progress widgets dropped), tables and figures; an error stops it and nothing is written. The
+notebook records what rendered it (`RENDERED` in its metadata: the sha256 of its .py source, the commit, the date,
+the machine, the seconds). A build keeps those outputs while the source is unchanged and drops them when it
+changed (never outputs of another source), so `--check` fails on outputs left from an older source. Code cells
 are plain Python (no `!`/`%` magics), so tests/test_notebooks.py can run them top to bottom in a subprocess. The
 set-up cells (from the "## 0. Set-up" heading to the next markdown cell) are repeated in every notebook, so that
 each one runs on its own; `--check` also fails when they differ between notebooks.
@@ -27,6 +36,12 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETUP_HEADING = "## 0. Set-up"
+#: Notebook metadata key of rendered outputs: {"source_sha256", "commit", "date", "machine", "seconds"}.
+RENDERED = "rltldr_rendered"
+#: The output data kept when rendering (text, tables, figures); widgets (progress bars) and the rest are dropped.
+KEPT_DATA = ("text/plain", "text/html", "text/markdown", "image/png")
+#: The most bytes of kept outputs per notebook (the figures are most of it).
+MAX_OUTPUT_BYTES = 2_000_000
 
 
 def sources(folder: str = HERE) -> list[str]:
@@ -40,8 +55,38 @@ def _lines(text: str) -> list[str]:
     return [line + "\n" for line in lines[:-1]] + [lines[-1]]
 
 
-def notebook(source: str) -> dict[str, Any]:
-    """The nbformat 4.5 document built from one percent-format source (empty outputs, stable cell ids)."""
+def source_sha256(source: str) -> str:
+    """The sha256 of a notebook source file's bytes (what its rendered outputs record)."""
+    import hashlib
+
+    with open(source, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _ipynb(source: str) -> str:
+    return os.path.splitext(source)[0] + ".ipynb"
+
+
+def rendered_outputs(source: str) -> dict[str, Any] | None:
+    """The outputs the committed notebook of `source` holds, when they were rendered from this very source:
+    {"metadata": its `RENDERED` record, "cells": [(outputs, execution_count) per cell]}; else None."""
+    path = _ipynb(source)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        nb = json.load(f)
+    record = nb.get("metadata", {}).get(RENDERED)
+    if not record or record.get("source_sha256") != source_sha256(source):
+        return None
+    return {
+        "metadata": record,
+        "cells": [(c.get("outputs", []), c.get("execution_count")) for c in nb["cells"]],
+    }
+
+
+def notebook(source: str, outputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The nbformat 4.5 document built from one percent-format source (stable cell ids), with `outputs`
+    (`rendered_outputs`: rendered from this source) or none."""
     import jupytext  # in the `test` extra; imported here so that `--help` works without it
 
     name = os.path.splitext(os.path.basename(source))[0] + ".ipynb"
@@ -57,23 +102,124 @@ def notebook(source: str) -> dict[str, Any]:
             "source": _lines(cell.source),
         }
         if cell.cell_type == "code":
-            out.update(execution_count=None, outputs=[])
+            kept, count = outputs["cells"][i] if outputs is not None else ([], None)
+            out.update(execution_count=count, outputs=kept)
         cells.append(out)
-    return {
-        "cells": cells,
-        "metadata": {
-            "colab": {"name": name, "provenance": []},
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
+    metadata = {
+        "colab": {"name": name, "provenance": []},
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
     }
+    if outputs is not None:
+        metadata[RENDERED] = outputs["metadata"]
+    return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _text(nb: dict[str, Any]) -> str:
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def render(source: str) -> str:
-    """The exact file text of the notebook built from `source` (nbformat's own layout: sorted keys, indent 1)."""
-    return json.dumps(notebook(source), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    """The exact file text of the notebook built from `source` (nbformat's own layout: sorted keys, indent 1), with
+    the outputs its committed notebook holds if they were rendered from this source."""
+    return _text(notebook(source, rendered_outputs(source)))
+
+
+def _terminal_text(text: str) -> str:
+    """Stream text as a terminal would leave it: each line's last carriage-return segment (a progress bar's final
+    redraw; a bar that cleared itself leaves nothing), blank lines dropped."""
+    lines = (line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n"))
+    kept = [line for line in lines if line.strip()]
+    return "".join(line + "\n" for line in kept)
+
+
+def kept_outputs(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The outputs of one executed cell worth storing (module docstring), stream text merged per stream."""
+    kept: list[dict[str, Any]] = []
+    for out in outputs:
+        kind = out["output_type"]
+        if kind == "stream":
+            text = _terminal_text("".join(out["text"]) if isinstance(out["text"], list) else out["text"])
+            if not text:
+                continue
+            if kept and kept[-1]["output_type"] == "stream" and kept[-1]["name"] == out["name"]:
+                kept[-1]["text"] += text
+            else:
+                kept.append({"name": out["name"], "output_type": "stream", "text": text})
+        elif kind in ("display_data", "execute_result"):
+            data = out.get("data", {})
+            if any(mime.startswith("application/vnd.jupyter.widget") for mime in data):
+                continue  # a progress widget: nothing a reader could see without the kernel
+            data = {mime: value for mime, value in data.items() if mime in KEPT_DATA}
+            if not data:
+                continue
+            entry = {"data": data, "metadata": out.get("metadata", {}), "output_type": kind}
+            if kind == "execute_result":
+                entry["execution_count"] = out.get("execution_count")
+            kept.append(entry)
+        else:
+            raise ValueError(f"an output of type {kind!r}: the notebook failed; nothing is written")
+    for entry in kept:
+        if entry["output_type"] == "stream":
+            entry["text"] = entry["text"].splitlines(keepends=True)
+    return kept
+
+
+def execute(source: str, *, timeout: int = 3600) -> dict[str, Any]:
+    """Runs the notebook of `source` in a fresh kernel (cwd colab/) and returns it with its kept outputs and the
+    `RENDERED` record; raises on the first failing cell."""
+    import subprocess
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = notebook(source)
+    t0 = time.time()
+    client = NotebookClient(
+        nbformat.reads(json.dumps(nb), as_version=4),
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": HERE}},
+    )
+    ran = client.execute()
+    seconds = time.time() - t0
+    count = 0
+    outputs = []
+    for cell in ran.cells:
+        if cell.cell_type != "code":
+            outputs.append(([], None))
+            continue
+        count += 1
+        kept = kept_outputs([dict(o) for o in cell.outputs])
+        for entry in kept:
+            if entry["output_type"] == "execute_result":
+                entry["execution_count"] = count
+        outputs.append((kept, count))
+    commit = subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = {
+        "source_sha256": source_sha256(source),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": _machine(),
+        "seconds": round(seconds),
+    }
+    done = notebook(source, {"metadata": record, "cells": outputs})
+    size = len(json.dumps([c.get("outputs", []) for c in done["cells"]]))
+    if size > MAX_OUTPUT_BYTES:
+        raise ValueError(f"{source}: {size} bytes of outputs (> {MAX_OUTPUT_BYTES}): print or plot less")
+    return done
+
+
+def _machine() -> str:
+    """The machine a rendering ran on, in words: its cores and JAX's backend."""
+    import platform
+
+    import jax
+
+    return f"{os.cpu_count()} CPU cores ({platform.machine()}), JAX on {jax.default_backend()}"
 
 
 def setup_section(nb: dict[str, Any]) -> list[str]:
@@ -120,11 +266,17 @@ def main(argv: list[str]) -> int:
         print("building the notebooks needs jupytext (in the `test` extra): pip install jupytext", file=sys.stderr)
         return 2
     check = "--check" in argv[1:]
+    run = "--execute" in argv[1:]
+    only = [a for a in argv[1:] if not a.startswith("-")]  # notebook names (01_replicate_small) to execute
     stale, built = [], {}
     for source in sources():
-        path = os.path.splitext(source)[0] + ".ipynb"
+        path = _ipynb(source)
         name = os.path.basename(path)
-        text = render(source)
+        if run and (not only or os.path.splitext(name)[0] in only):
+            print(f"executing {name} ...", flush=True)
+            text = _text(execute(source))
+        else:
+            text = render(source)
         built[name] = json.loads(text)
         current = open(path, encoding="utf-8").read() if os.path.exists(path) else None
         if current == text:
@@ -142,7 +294,11 @@ def main(argv: list[str]) -> int:
     ]
     status = 0
     if stale:
-        print(f"out of date (run python colab/build_notebooks.py): {', '.join(stale)}", file=sys.stderr)
+        print(
+            f"out of date (run python colab/build_notebooks.py; outputs rendered from an older source are dropped, "
+            f"--execute renders new ones): {', '.join(stale)}",
+            file=sys.stderr,
+        )
         status = 1
     if orphans:
         print(f"notebooks without a .py source: {', '.join(orphans)}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The colab/ notebooks: clean nbformat-4 files that are exactly what their jupytext percent-format sources
-(colab/NN_name.py) build, and every notebook run top to bottom (in a fresh Python process each, in order, sharing
-one run directory) in test mode, checked on what they write."""
+(colab/NN_name.py) build (stored outputs only as rendered from those sources), and every notebook run top to bottom
+in a Jupyter kernel (a fresh one each, in order, sharing one run directory) in test mode, checked on what they
+write."""
 
 from __future__ import annotations
 
@@ -19,26 +20,37 @@ NOTEBOOKS = ("01_replicate_small.ipynb", "02_delta_theta.ipynb", "03_insights.ip
 # The compilation cache of tests/conftest.py: the notebooks' tiny shapes compile once per machine.
 XLA_CACHE = os.environ.get("RLTLDR_TEST_XLA_CACHE", os.path.join(REPO_ROOT, ".pytest_cache", "xla"))
 
-# Runs one notebook as Jupyter would, without Jupyter: its code cells in order, in one namespace, from the
-# notebook's directory. A failing cell stops the run, naming the cell and printing its source.
+# Runs one notebook in a Jupyter kernel (nbclient + ipykernel, as Jupyter and Colab run it: the cells inside the
+# kernel's running event loop), from the notebook's directory, printing each code cell's text output. A failing cell
+# stops the run, naming the cell and printing its source and error.
 RUNNER = r"""
-import json, os, sys, traceback
+import json, os, sys
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 path = sys.argv[1]
-with open(path, encoding="utf-8") as f:
-    cells = json.load(f)["cells"]
-namespace = {"__name__": "__main__"}
-for index, cell in enumerate(cells):
-    if cell["cell_type"] != "code":
+nb = nbformat.read(path, as_version=4)
+for cell in nb.cells:
+    if cell.cell_type == "code":
+        cell.outputs, cell.execution_count = [], None
+client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": os.path.dirname(path)}})
+try:
+    client.execute()
+    failed = None
+except CellExecutionError as e:
+    failed = e
+for index, cell in enumerate(nb.cells):
+    if cell.cell_type != "code" or not cell.get("outputs"):
         continue
-    source = "".join(cell["source"])
     print(f"=== {os.path.basename(path)} cell {index}", flush=True)
-    try:
-        exec(compile(source, f"<{os.path.basename(path)} cell {index}>", "exec"), namespace)
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        print(f"\nFAILED: {os.path.basename(path)} cell {index}:\n{source}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            print(out.text, end="")
+        elif out.output_type == "error":
+            print("\n".join(out.traceback))
+if failed is not None:
+    print(f"\nFAILED: {os.path.basename(path)}:\n{failed}", file=sys.stderr, flush=True)
+    sys.exit(1)
 print(f"=== {os.path.basename(path)}: all cells ran", flush=True)
 """
 
@@ -67,10 +79,62 @@ def _csv(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _builder():
+    """colab/build_notebooks.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_notebooks", os.path.join(COLAB, "build_notebooks.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_outputs(name: str, nb: dict, builder) -> None:
+    """A notebook's stored outputs: none, or rendered from its current source (`build_notebooks --execute`): the
+    record names the source's sha256, the outputs are text, tables and figures only (no errors, no widgets) within
+    the size cap, and the execution counts run 1, 2, ... over the code cells."""
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    record = nb["metadata"].get(builder.RENDERED)
+    if record is None:
+        assert all(c["outputs"] == [] and c["execution_count"] is None for c in code), f"{name}: unrecorded outputs"
+        return
+    source = os.path.join(COLAB, os.path.splitext(name)[0] + ".py")
+    assert record["source_sha256"] == builder.source_sha256(source), f"{name}: outputs of an older source"
+    assert set(record) == {"source_sha256", "commit", "date", "machine", "seconds"}, record
+    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), name
+    for cell in code:
+        for out in cell["outputs"]:
+            assert out["output_type"] in ("stream", "display_data", "execute_result"), (name, out["output_type"])
+            assert set(out.get("data", {})) <= set(builder.KEPT_DATA), (name, list(out.get("data", {})))
+            if out["output_type"] == "stream":
+                assert not any("\r" in line for line in out["text"]), f"{name}: progress-bar redraws kept"
+    assert len(json.dumps([c["outputs"] for c in code])) <= builder.MAX_OUTPUT_BYTES, name
+
+
+def test_kept_outputs_are_what_a_terminal_shows_without_widgets():
+    """What `--execute` keeps of a cell's outputs (hand-made): a progress bar's redraws collapse to its last state,
+    a bar that cleared itself leaves nothing, stream chunks merge, widgets and other data go, an error fails."""
+    builder = _builder()
+    outputs = [
+        {"output_type": "stream", "name": "stderr", "text": "grid: 0%\rgrid: 50%\rgrid: 100%\nline one\n"},
+        {"output_type": "stream", "name": "stderr", "text": "bar 10%\r          \r"},
+        {"output_type": "stream", "name": "stderr", "text": ["line two\n"]},
+        {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {}, "text/plain": "HBox"}},
+        {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>", "image/svg+xml": "x"}},
+    ]
+    assert builder.kept_outputs(outputs) == [
+        {"name": "stderr", "output_type": "stream", "text": ["grid: 100%\n", "line one\n", "line two\n"]},
+        {"data": {"image/png": "iVBOR", "text/plain": "<Figure>"}, "metadata": {}, "output_type": "display_data"},
+    ]
+    with pytest.raises(ValueError, match="'error'"):
+        builder.kept_outputs([{"output_type": "error", "ename": "E", "evalue": "", "traceback": []}])
+
+
 def test_notebooks_are_clean_and_generated():
-    """Valid nbformat 4 JSON, no stored outputs or execution counts, no `!`/`%` lines, and the files are exactly
-    what colab/build_notebooks.py builds from their paired percent-format sources (so the .py files are the reviewed
-    source), which are plain Python as a whole."""
+    """Valid nbformat 4 JSON, no `!`/`%` lines, outputs only as rendered from the current source (`_check_outputs`),
+    and the files are exactly what colab/build_notebooks.py builds from their paired percent-format sources (so the
+    .py files are the reviewed source), which are plain Python as a whole."""
+    builder = _builder()
     sources = sorted(name for name in os.listdir(COLAB) if name.endswith(".py") and name[:2].isdigit())
     assert sources == [os.path.splitext(name)[0] + ".py" for name in NOTEBOOKS]
     for name in sources:
@@ -90,11 +154,11 @@ def test_notebooks_are_clean_and_generated():
             assert all(isinstance(line, str) for line in cell["source"]), (name, i)
             if cell["cell_type"] != "code":
                 continue
-            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{name} cell {i} has stored outputs"
             source = "".join(cell["source"])
             compile(source, f"{name} cell {i}", "exec")  # plain Python
             magics = [line for line in source.splitlines() if line.lstrip().startswith(("!", "%"))]
             assert not magics, f"{name} cell {i}: shell/magic lines {magics}"
+        _check_outputs(name, nb, builder)
         try:
             import nbformat
         except ImportError:
