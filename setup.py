@@ -66,6 +66,7 @@ EXTRAS = {
         "jupytext>=1.19,<2",  # builds colab/*.ipynb from their .py sources (tests/test_notebooks.py checks them)
         "nbclient>=0.10,<0.12",  # runs the notebooks in a real Jupyter kernel (tests/test_notebooks.py, --execute)
         "ipykernel>=6.29,<8",
+        "ipywidgets>=8.1,<9",  # progress bars as widgets in the kernel, as in Colab (not stored by --execute)
         "wandb>=0.31,<0.32",  # the W&B logger, run offline (tests/test_loggers.py)
     ],
     # The linter and formatter (.ci/run fails on either; keep the version equal to .pre-commit-config.yaml's rev).

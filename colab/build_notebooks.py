@@ -13,7 +13,8 @@ Every notebook is nbformat 4.5 JSON laid out as nbformat writes it (sorted keys,
 ids (`nb01-00`, ...) and fixed metadata (Colab's `colab` block, the Python 3 kernel), so the .ipynb files only
 change when their source does.
 
-**Rendered outputs.** `--execute` (needs `nbclient` and `ipykernel`: `pip install nbclient ipykernel`) runs a
+**Rendered outputs.** `--execute` (needs `nbclient`, `ipykernel` and `ipywidgets`, so that progress bars are widgets
+as in Colab: `pip install nbclient ipykernel ipywidgets`) runs a
 notebook top to bottom in a fresh kernel from colab/ (the set-up cell finds the checkout; nothing is cloned) and keeps
 what a reader should see before running it: printed text (log lines as the terminal would show them: progress-bar
 redraws collapsed, progress widgets dropped), tables and figures; an error stops it and nothing is written. The
@@ -31,6 +32,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -125,11 +127,15 @@ def render(source: str) -> str:
     return _text(notebook(source, rendered_outputs(source)))
 
 
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _terminal_text(text: str) -> str:
     """Stream text as a terminal would leave it: each line's last carriage-return segment (a progress bar's final
-    redraw; a bar that cleared itself leaves nothing), blank lines dropped."""
-    lines = (line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n"))
-    kept = [line for line in lines if line.strip()]
+    redraw; a bar that cleared itself leaves nothing), colours removed, lines that move the cursor (the redraws of
+    bars drawn on several lines) and blank lines dropped."""
+    lines = (_COLOUR.sub("", line.rsplit("\r", 1)[-1]).rstrip() for line in text.split("\n"))
+    kept = [line for line in lines if line.strip() and "\x1b" not in line]
     return "".join(line + "\n" for line in kept)
 
 

@@ -113,17 +113,18 @@ def _check_outputs(name: str, nb: dict, builder) -> None:
 
 def test_kept_outputs_are_what_a_terminal_shows_without_widgets():
     """What `--execute` keeps of a cell's outputs (hand-made): a progress bar's redraws collapse to its last state,
-    a bar that cleared itself leaves nothing, stream chunks merge, widgets and other data go, an error fails."""
+    a bar that cleared itself or moves the cursor leaves nothing, colours go, stream chunks merge, widgets and other
+    data go, an error fails."""
     builder = _builder()
     outputs = [
         {"output_type": "stream", "name": "stderr", "text": "grid: 0%\rgrid: 50%\rgrid: 100%\nline one\n"},
         {"output_type": "stream", "name": "stderr", "text": "bar 10%\r          \r"},
-        {"output_type": "stream", "name": "stderr", "text": ["line two\n"]},
+        {"output_type": "stream", "name": "stderr", "text": ["line two\n", "bar\x1b[A\n", "\x1b[31mred\x1b[0m\n"]},
         {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {}, "text/plain": "HBox"}},
         {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>", "image/svg+xml": "x"}},
     ]
     assert builder.kept_outputs(outputs) == [
-        {"name": "stderr", "output_type": "stream", "text": ["grid: 100%\n", "line one\n", "line two\n"]},
+        {"name": "stderr", "output_type": "stream", "text": ["grid: 100%\n", "line one\n", "line two\n", "red\n"]},
         {"data": {"image/png": "iVBOR", "text/plain": "<Figure>"}, "metadata": {}, "output_type": "display_data"},
     ]
     with pytest.raises(ValueError, match="'error'"):
