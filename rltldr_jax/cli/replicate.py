@@ -146,10 +146,10 @@ def main(argv: list[str]) -> None:
         configs = grid_configs(grid, preset, arms, seeds, overrides)
     except base.ConfigError as e:
         sys.exit(f"error: {e}")
+    quiet_logging()  # (before --pack too: reading a saved pretraining state through orbax logs at INFO)
     if _PACK.value or _UNPACK.value:
         _archive(configs, out)
         return
-    quiet_logging()
     # The grid's runs compile the same programs (every arm: the loss coefficients are traced): each is compiled once,
     # by the first run that needs it, into the compilation cache (compile.cache_dir) that every run process reads.
     use_compile_cache(_CONFIG.value.compile.cache_dir)
