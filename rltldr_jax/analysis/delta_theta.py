@@ -643,8 +643,8 @@ class OrbaxSource(Source):
                 missing.append(dotted)
                 continue
             used.add(leaf)
-            owner = dotted.rsplit(".", 1)[0]
             if adapters is not None:
+                owner = dotted.rsplit(".", 1)[0]
                 found = [
                     next((n for n in (f"{owner}.lora.{ab}.value", f"{owner}.lora.{ab}") if n in stored), None)
                     for ab in ("lora_a", "lora_b")

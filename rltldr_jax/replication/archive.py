@@ -172,7 +172,7 @@ def _pack_pretraining(used: Iterable[str], archive: str, manifest: dict, written
 def unpack(archive: str, out: str, *, shipped_dir: str | None = None) -> list[str]:
     """Puts what `pack` kept in `archive` back into the grid's directory `out` and the base policies at the paths
     the runs used them at; returns the paths written (none when everything is already there)."""
-    from rltldr_jax.train.pretrain import SHIPPED_DIR
+    from rltldr_jax.train.pretrain import RESUME_SUFFIX, SHIPPED_DIR, saved_step
 
     shipped_dir = SHIPPED_DIR if shipped_dir is None else shipped_dir
     if not os.path.isfile(os.path.join(archive, MANIFEST)):
@@ -186,8 +186,6 @@ def unpack(archive: str, out: str, *, shipped_dir: str | None = None) -> list[st
         if not os.path.isdir(src):
             raise ArchiveError(f"base policy {name} is neither in {archive}/pretrained nor shipped ({shipped_dir})")
         _copy_tree(src, entry["path"], written)
-    from rltldr_jax.train.pretrain import RESUME_SUFFIX, saved_step
-
     for name, entry in sorted(_read_manifest(archive).get(PRETRAINING, {}).items()):
         state = entry["path"]
         if os.path.isfile(os.path.join(state.removesuffix(RESUME_SUFFIX), "pretrain.json")):

@@ -253,50 +253,50 @@ def pretrain(config: Settings, *, progress: bool = False, on_log: Callable[[int,
             from rltldr_jax import progress as bars
 
             bar = bars.bar(p.steps, "pretrain", unit="step", initial=step)
-        last_save, saved_step = time.monotonic(), (step if resumed else None)
-        while step < p.steps:
-            # A pool boundary: everything the rest of the run depends on is in the state below.
-            due = signals.requested or time.monotonic() - last_save >= SAVE_EVERY_SECONDS
-            if due and step != saved_step:
-                state = {"key": key, "step": step, "curve": curve, "window": window, "resumed_from": resumed}
-                state["seconds"] = seconds + time.time() - t0
-                saved.save(step, params=update.params, opt_state=update.opt_state, rng=None, meta=_meta(state, rng))
-                last_save, saved_step = time.monotonic(), step
-            if signals.requested:
-                if bar is not None:
-                    bar.close()
-                raise RunStopped(
-                    signals.requested,
-                    f"pretraining stopped by {signal_name(signals.requested)} at step {step} of {p.steps}; its "
-                    f"state is saved in {resume_dir(config)}: the same command continues it",
-                )
-            pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
-            pool.sort(key=len)
-            for k in range(LENGTH_BUCKETS):
-                if step == p.steps:
-                    break
-                (batch,) = pack(
-                    pool[k * p.batch_size : (k + 1) * p.batch_size],
-                    micro_batch_size=p.batch_size,
-                    grad_accum_steps=1,
-                    pad_to_multiple=PAD_MULTIPLE,
-                )
-                nll = float(update.step(batch)["sft_nll"])
-                if not np.isfinite(nll):
-                    raise FloatingPointError(
-                        f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate"
+        last_save, last_saved_step = time.monotonic(), (step if resumed else None)
+        try:
+            while step < p.steps:
+                # A pool boundary: everything the rest of the run depends on is in the state below.
+                due = signals.requested or time.monotonic() - last_save >= SAVE_EVERY_SECONDS
+                if due and step != last_saved_step:
+                    state = {"key": key, "step": step, "curve": curve, "window": window, "resumed_from": resumed}
+                    state["seconds"] = seconds + time.time() - t0
+                    saved.save(step, params=update.params, opt_state=update.opt_state, rng=None, meta=_meta(state, rng))
+                    last_save, last_saved_step = time.monotonic(), step
+                if signals.requested:
+                    raise RunStopped(
+                        signals.requested,
+                        f"pretraining stopped by {signal_name(signals.requested)} at step {step} of {p.steps}; its "
+                        f"state is saved in {resume_dir(config)}: the same command continues it",
                     )
-                window.append(nll)
-                step += 1
-                if bar is not None:
-                    bar.update(1)
-                if step % max(1, p.steps // 20) == 0 or step == p.steps:
-                    curve.append((step, float(np.mean(window))))
-                    window = []
-                    if on_log is not None:
-                        on_log(*curve[-1])
-        if bar is not None:
-            bar.close()
+                pool = [demonstration_example(*draw(rng), builder) for _ in range(p.batch_size * LENGTH_BUCKETS)]
+                pool.sort(key=len)
+                for k in range(LENGTH_BUCKETS):
+                    if step == p.steps:
+                        break
+                    (batch,) = pack(
+                        pool[k * p.batch_size : (k + 1) * p.batch_size],
+                        micro_batch_size=p.batch_size,
+                        grad_accum_steps=1,
+                        pad_to_multiple=PAD_MULTIPLE,
+                    )
+                    nll = float(update.step(batch)["sft_nll"])
+                    if not np.isfinite(nll):
+                        raise FloatingPointError(
+                            f"pretraining diverged at step {step} (NLL {nll}): lower pretrain.learning_rate"
+                        )
+                    window.append(nll)
+                    step += 1
+                    if bar is not None:
+                        bar.update(1)
+                    if step % max(1, p.steps // 20) == 0 or step == p.steps:
+                        curve.append((step, float(np.mean(window))))
+                        window = []
+                        if on_log is not None:
+                            on_log(*curve[-1])
+        finally:
+            if bar is not None:
+                bar.close()
         requested = signals.requested  # during the last pool: the run is finished and saved, then stops
     tmp = f"{out}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
