@@ -363,26 +363,73 @@ def json_checksum(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _quiet_orphaned_reads() -> None:
-    """Keeps the reads a failed orbax restore leaves behind from printing tracebacks.
+#: Directories (absolute) whose orbax reads are in flight or have failed in this process: the reports their orphaned
+#: reads make are dropped (`_quiet_orphaned_reads`).
+_ORPHANED_READ_SCOPES: set[str] = set()
 
-    orbax reads every array concurrently on an asyncio loop; when one read fails, the loop is closed while
-    TensorStore still completes the others, and each completion reports `RuntimeError('Event loop is closed')` to
-    `sys.unraisablehook`, which prints a traceback after the clear error (launch/export_hf.py, launch/eval.py on a
-    truncated checkpoint). This chains a filter for exactly that report in front of the current hook.
+#: What asyncio logs, through its `asyncio` logger, for a future or task whose exception nobody retrieved.
+_UNRETRIEVED = ("Future exception was never retrieved", "Task exception was never retrieved")
+
+
+def _mentions_scope(exc: BaseException | None) -> bool:
+    """Whether `exc` or an exception it was raised from names a directory in `_ORPHANED_READ_SCOPES`."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        if any(scope in text for scope in _ORPHANED_READ_SCOPES):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _from_call_soon_threadsafe(tb) -> bool:
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _OrphanedReadReports(logging.Filter):
+    """Drops asyncio's "... exception was never retrieved" records whose exception names a scoped directory."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith(_UNRETRIEVED) or not record.exc_info:
+            return True
+        return not _mentions_scope(record.exc_info[1])
+
+
+def _quiet_orphaned_reads(directory: str) -> None:
+    """Keeps the reads a failed orbax restore of `directory` leaves behind from printing tracebacks.
+
+    orbax reads every array concurrently on an event loop it closes as soon as one read fails, while TensorStore
+    still completes the others. Each completion then reports `RuntimeError('Event loop is closed')` from
+    `call_soon_threadsafe` to `sys.unraisablehook`, and each failed read nobody awaited makes asyncio log "Future
+    (or Task) exception was never retrieved" when it is collected: a screen of tracebacks after the one clear error
+    (launch/export_hf.py, launch/eval.py on a truncated checkpoint). The completions race the error on other threads,
+    so the filters go in before the read starts and the directory stays in scope once a read of it has failed.
     """
+    _ORPHANED_READ_SCOPES.add(directory)
     current = sys.unraisablehook
-    if getattr(current, "_rltldr_orphaned_reads", False):
-        return
+    if not getattr(current, "_rltldr_orphaned_reads", False):
 
-    def hook(unraisable, previous=current):
-        exc = unraisable.exc_value
-        if unraisable.object is None and isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
-            return
-        previous(unraisable)
+        def hook(unraisable, previous=current):
+            exc = unraisable.exc_value
+            if (
+                _ORPHANED_READ_SCOPES
+                and unraisable.object is None
+                and isinstance(exc, RuntimeError)
+                and str(exc) == "Event loop is closed"
+                and _from_call_soon_threadsafe(unraisable.exc_traceback)
+            ):
+                return
+            previous(unraisable)
 
-    hook._rltldr_orphaned_reads = True
-    sys.unraisablehook = hook
+        hook._rltldr_orphaned_reads = True
+        sys.unraisablehook = hook
+    asyncio_logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrphanedReadReports) for f in asyncio_logger.filters):
+        asyncio_logger.addFilter(_OrphanedReadReports())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -603,15 +650,21 @@ class Checkpointer:
 
     def _read(self, step: int, what: str, read: Any) -> Any:
         """`read()`, with any failure to read the files raised as CorruptCheckpointError naming the step."""
+        scope = os.fspath(self.directory)
+        scope = scope if "://" in scope else os.path.abspath(scope)
+        failed_before = scope in _ORPHANED_READ_SCOPES
+        _quiet_orphaned_reads(scope)
         try:
-            return read()
+            value = read()
         except Exception as e:
-            _quiet_orphaned_reads()
             raise CorruptCheckpointError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r}: "
                 f"cannot read its {what} ({error_reason(e)}); its "
                 "files are truncated or damaged"
             ) from e
+        if not failed_before:
+            _ORPHANED_READ_SCOPES.discard(scope)
+        return value
 
     def _corrupt(self, step: int, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(

@@ -143,17 +143,18 @@ TRUNCATED_EXPORTS = textwrap.dedent(
     import gc, sys, time
     sys.path.insert(0, sys.argv[3])
     from rltldr_jax.cli.export_hf import main
-    for _ in range(5):  # orbax's orphaned reads race the error: several tries make their tracebacks show
+    for i in range(20):  # orbax's orphaned reads race the error: many tries make their tracebacks show
         assert main([f"--checkpoint={sys.argv[1]}", f"--out={sys.argv[2]}"]) == 2
         gc.collect()
-        time.sleep(0.3)
+        time.sleep(0.3 if i % 4 == 0 else 0.02)
     """
 )
 
 
 def test_export_of_a_truncated_checkpoint_prints_only_its_error(tmp_path):
     """Damaged array metadata fails one of orbax's concurrent reads; the others, orphaned when its event loop closes,
-    used to print "RuntimeError: Event loop is closed" tracebacks after the error line."""
+    used to print "RuntimeError: Event loop is closed" tracebacks after the error line, and asyncio's "Future (Task)
+    exception was never retrieved" for the failed reads nobody awaited (CI saw the second once the first was gone)."""
     _, params = random_params(0)
     with Checkpointer(tmp_path / "ckpt", keep=None, async_save=False) as ckpt:
         ckpt.save(1, params=params, opt_state=None, rng=None, model_config=CONFIG)
@@ -173,7 +174,7 @@ def test_export_of_a_truncated_checkpoint_prints_only_its_error(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stderr.splitlines()
-    assert len(lines) == 5 and all(
+    assert len(lines) == 20 and all(
         re.match(r"export_hf: error: checkpoint step 1 in .*: cannot read its metadata", line) for line in lines
     ), out.stderr[-3000:]
     assert not os.path.exists(tmp_path / "hf")

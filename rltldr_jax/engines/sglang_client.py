@@ -294,6 +294,10 @@ class SglangClient(GenerationEngine):
         """Results returned per server."""
         return {s.address: s.served for s in self._servers}
 
+    def outstanding_counts(self) -> dict[str, int]:
+        """Requests each server holds now (sent, not yet answered)."""
+        return {s.address: s.outstanding for s in self._servers}
+
     def returns(self) -> dict[str, int]:
         """Times each server came back into rotation after leaving it."""
         return {s.address: s.returns for s in self._servers}
