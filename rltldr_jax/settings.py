@@ -98,7 +98,9 @@ class Lora:
     # .../linear_attn/in_proj_qkv, .../mlp/down_proj); "" = every attention, DeltaNet and MLP projection. Use
     # alternation (q_proj|v_proj), not a comma, inside one expression.
     targets: str = setting("")
-    dropout: float = setting(0.0, ge=0.0, lt=1.0)  # dropout on the adapters' input; only 0 is implemented
+    # PEFT's lora_dropout: p of zeroing each element of an adapter's input in the train step's loss (the rest scaled
+    # by 1/(1-p)); never in generation, evaluation or the reference policy.
+    dropout: float = setting(0.0, ge=0.0, lt=1.0)
 
 
 @_frozen
@@ -410,7 +412,8 @@ class Train:
     # trainer)). Beyond this many nats per token the engine is not sampling from the trainer's policy (other weights,
     # a tokenizer or chat-template mismatch, top-p/top-k truncation) and the run stops before saving anything. The
     # fp32 engines sit at ~1e-6. 0 = never stop. Checked only with loss.insight_rollouts=in_context (off_policy and
-    # self_distill train on other contexts than were sampled). Not in the paper.
+    # self_distill train on other contexts than were sampled). With adapter dropout (model.lora.dropout) the trainer's
+    # logprobs are those of one step's masks, which adds the dropout's own gap. Not in the paper.
     max_logprob_gap: float = setting(0.1, ge=0.0)
 
 

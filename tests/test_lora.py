@@ -83,8 +83,9 @@ def test_targets_choose_the_layers_and_bad_ones_are_one_line():
     assert lora.parse_targets(" q_proj$ , mlp/ ") == ("q_proj$", "mlp/")
     with pytest.raises(base.ConfigError, match=r"model.lora.targets: '\(q_proj' is not a regular expression"):
         tiny_config({"model.lora.rank": 8, "model.lora.targets": "(q_proj"})
-    with pytest.raises(base.ConfigError, match="model.lora.dropout=0.1: only 0 is implemented"):
-        tiny_config({"model.lora.rank": 8, "model.lora.dropout": 0.1})
+    with pytest.raises(base.ConfigError, match=r"model.lora.dropout=0.1 without adapters \(model.lora.rank=0\)"):
+        tiny_config({"model.lora.dropout": 0.1})
+    tiny_config({"model.lora.rank": 8, "model.lora.dropout": 0.1})
     tiny_config({"model.lora.targets": "(q_proj"})  # (rank 0: no adapters, nothing to check)
 
 
@@ -121,12 +122,13 @@ def _host(tree) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory):
-    """A tiny LoRA run (rank 8) of two phases, and the same run stopped after one phase and resumed: their
-    workdirs, the first run's parameters before and after, and both runs' final parameters and optimizer states."""
+    """A tiny LoRA run (rank 8, adapter dropout 0.1) of two phases, and the same run stopped after one phase and
+    resumed: their workdirs, the first run's parameters before and after, and both runs' final parameters and
+    optimizer states. (With dropout, so that resuming also restores the step number its masks are drawn from.)"""
     from rltldr_jax.train.loop import Trainer
 
     tmp = tmp_path_factory.mktemp("lora_runs")
-    overrides = {"model.lora.rank": 8, "model.lora.alpha": 16.0}
+    overrides = {"model.lora.rank": 8, "model.lora.alpha": 16.0, "model.lora.dropout": 0.1}
     out = {"ref": str(tmp / "ref"), "run": str(tmp / "run")}
     ref = Trainer(tiny_run_settings(out["ref"], 2, overrides))
     try:

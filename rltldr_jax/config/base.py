@@ -131,7 +131,12 @@ def _cross_checks(c: ml_collections.ConfigDict) -> list[str]:
     if c.insight.teacher.checkpoint and c.insight.teacher.servers:
         errors.append("give insight.teacher.checkpoint or insight.teacher.servers, not both")
     if c.model.lora.rank > 0:
-        errors += filter(None, [lora_error(c.model.lora.targets, c.model.lora.dropout)])
+        errors += filter(None, [lora_error(c.model.lora.targets)])
+    elif c.model.lora.dropout > 0:
+        errors.append(
+            f"model.lora.dropout={c.model.lora.dropout} without adapters (model.lora.rank=0): it drops the adapters' "
+            "input; set model.lora.rank > 0, or model.lora.dropout=0"
+        )
     # Rules that the library parts also enforce: each lives once, in the module that needs it.
     errors += filter(
         None,

@@ -4,9 +4,13 @@
     attach(model, LoraSpec(rank=16, alpha=32), seed=0)   # adds A [.., in, r] and B [.., r, out] (B = 0: same logits)
     nnx.state(model, nnx.LoRAParam)                      # the adapters: what trains (`trainable_filter`)
     plain = merged(model)                                # W + (α/r)·A·B, no adapters: what engines and exports get
+    noisy = with_dropout(model, key)                     # a copy whose adapters drop inputs (the train step's loss)
 
-A targeted layer's output becomes y = x·W + (α/r)·(x·A)·B (PEFT's convention, so that an adapter exported in PEFT's
-format gives the same logits in transformers + peft). The adapters are flax's `nnx.LoRA` modules, held by the
+A targeted layer's output becomes y = x·W + (α/r)·(drop(x)·A)·B (PEFT's convention, so that an adapter exported in
+PEFT's format gives the same logits in transformers + peft), drop being PEFT's `lora_dropout` in training only:
+`with_dropout` gives the train step's loss a copy of the model holding one random key per adapted layer (and per
+stacked layer), drawn from the step's key; every other use of the model (engines, evaluation, the reference policy,
+exports) has no keys and no dropout. The adapters are flax's `nnx.LoRA` modules, held by the
 model's `Linear` layers (`qwen3_5.Linear.lora`), their parameters of type `nnx.LoRAParam`: a model with adapters
 trains only those (`trainable_filter`; `train.step.train_step` takes gradients and optimizer state for them alone).
 The layers of a stacked model hold stacked adapters ([n_blocks, run, in, r], as their kernels), so the scan over
@@ -53,11 +57,13 @@ class LoraSpec:
       rank: r, the adapters' inner dimension (> 0).
       alpha: α; the update is scaled by α / r.
       targets: regular expressions, searched in each linear layer's `/`-joined path; a layer matching any gets one.
+      dropout: p of the dropout on the adapters' input while training (PEFT's `lora_dropout`), in [0, 1).
     """
 
     rank: int
     alpha: float = 16.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rank <= 0:
@@ -67,6 +73,8 @@ class LoraSpec:
                 re.compile(t)
             except re.error as e:
                 raise ValueError(f"LoRA target {t!r} is not a regular expression ({e}): fix model.lora.targets") from e
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout {self.dropout}: give a probability in [0, 1) (model.lora.dropout)")
 
     @property
     def scale(self) -> float:
@@ -80,19 +88,14 @@ def parse_targets(targets: str) -> tuple[str, ...]:
     return parts or DEFAULT_TARGETS
 
 
-def lora_error(targets: str, dropout: float) -> str | None:
-    """What is wrong with `model.lora.targets` / `model.lora.dropout` (None if nothing): config validation's check,
-    run before anything is built."""
+def lora_error(targets: str) -> str | None:
+    """What is wrong with `model.lora.targets` (None if nothing): config validation's check, run before anything is
+    built."""
     for t in parse_targets(targets):
         try:
             re.compile(t)
         except re.error as e:
             return f"model.lora.targets: {t!r} is not a regular expression ({e})"
-    if dropout:
-        return (
-            f"model.lora.dropout={dropout}: only 0 is implemented (adapter dropout needs a per-step random stream in "
-            "the train step); set model.lora.dropout=0"
-        )
     return None
 
 
@@ -100,7 +103,7 @@ def spec_of(lora: Any) -> LoraSpec | None:
     """The `LoraSpec` of the `model.lora.*` settings, None when rank is 0."""
     if lora.rank == 0:
         return None
-    return LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=parse_targets(lora.targets))
+    return LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=parse_targets(lora.targets), dropout=lora.dropout)
 
 
 def _keyed_layers(model: nnx.Module) -> list[tuple[tuple[Any, ...], Linear]]:
@@ -114,7 +117,12 @@ def lora_spec_of_run(config: Mapping[str, Any] | None) -> LoraSpec | None:
     settings = ((config or {}).get("model") or {}).get("lora") or {}
     if not settings.get("rank"):
         return None
-    return LoraSpec(rank=settings["rank"], alpha=settings["alpha"], targets=parse_targets(settings.get("targets", "")))
+    return LoraSpec(
+        rank=settings["rank"],
+        alpha=settings["alpha"],
+        targets=parse_targets(settings.get("targets", "")),
+        dropout=settings.get("dropout", 0.0),
+    )
 
 
 def linear_layers(model: nnx.Module) -> list[tuple[str, Linear]]:
@@ -147,12 +155,13 @@ def attach(model: Qwen35, spec: LoraSpec, *, seed: int = 0, param_dtype=jnp.floa
         raise ValueError("the model holds LoRA adapters already: attach them once (or merge them first: `merged`)")
     rngs = nnx.Rngs(seed)
     for _, layer in layers:
-        _add_adapter(layer, spec.rank, spec.scale, rngs, param_dtype)
+        _add_adapter(layer, spec.rank, spec.scale, rngs, param_dtype, spec.dropout)
     return model
 
 
-def _add_adapter(layer: Linear, rank: int, scale: float, rngs: nnx.Rngs, param_dtype) -> None:
-    """Gives `layer` an `nnx.LoRA` of `rank` (A He-uniform per stacked layer, B = 0) scaled by `scale`."""
+def _add_adapter(layer: Linear, rank: int, scale: float, rngs: nnx.Rngs, param_dtype, dropout: float = 0.0) -> None:
+    """Gives `layer` an `nnx.LoRA` of `rank` (A He-uniform per stacked layer, B = 0) scaled by `scale`, its input
+    dropped with probability `dropout` in training."""
     *lead, din, dout = layer.kernel.shape
     batch = tuple(range(len(lead)))  # (stacked layers: each gets its own He-uniform draw over its own fan-in)
     init_a = nnx.initializers.variance_scaling(2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1, batch_axis=batch)
@@ -167,11 +176,46 @@ def _add_adapter(layer: Linear, rank: int, scale: float, rngs: nnx.Rngs, param_d
         rngs=rngs,
     )
     layer.lora_scale = scale
+    layer.lora_dropout = float(dropout)
 
 
 def has_adapters(model: nnx.Module) -> bool:
     """Whether any layer of `model` holds a LoRA adapter."""
     return any(m.lora is not None for _, m in linear_layers(model))
+
+
+def dropout_rate(model: nnx.Module) -> float:
+    """The largest adapter dropout probability of `model` (0 without adapters or dropout)."""
+    return max((m.lora_dropout for _, m in linear_layers(model) if m.lora is not None), default=0.0)
+
+
+def set_dropout(model: Qwen35, p: float) -> Qwen35:
+    """Sets every adapter's dropout probability to `p` (in place; returns `model`): a loaded adapter trained further
+    under this run's `model.lora.dropout`, not the one its PEFT config recorded."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"LoRA dropout {p}: give a probability in [0, 1) (model.lora.dropout)")
+    for _, layer in linear_layers(model):
+        if layer.lora is not None:
+            layer.lora_dropout = float(p)
+    return model
+
+
+def with_dropout(model: Qwen35, key: jax.Array) -> Qwen35:
+    """A copy of `model` (sharing its arrays) whose adapters drop their inputs (`Linear`'s `lora_dropout`), with keys
+    drawn from `key`: one per adapted layer and, for stacked layers, per stacked layer ([n_blocks, run] keys that the
+    scan over layers hands out like the kernels). What `train.step`'s loss runs for a model with adapter dropout;
+    `model` itself is unchanged (no keys, deterministic). Works under `jit` (`key` may be traced)."""
+    from rltldr_jax.models.qwen3_5 import DropoutKey
+
+    graphdef, state = nnx.split(model)
+    noisy = nnx.merge(graphdef, state)
+    for i, (_, layer) in enumerate(linear_layers(noisy)):
+        if layer.lora is None or layer.lora_dropout <= 0:
+            continue
+        lead = tuple(layer.kernel.shape[:-2])
+        keys = jax.random.split(jax.random.fold_in(key, i), max(1, math.prod(lead)))
+        layer.dropout_key = DropoutKey(keys.reshape(lead) if lead else keys[0])
+    return noisy
 
 
 def trainable_filter(model: nnx.Module) -> type[nnx.Variable]:
@@ -192,8 +236,7 @@ def merged(model: Qwen35) -> Qwen35:
         w = layer.kernel[...]
         delta = jnp.matmul(layer.lora.lora_a[...].astype(jnp.float32), layer.lora.lora_b[...].astype(jnp.float32))
         layer.kernel = nnx.Param((w.astype(jnp.float32) + layer.lora_scale * delta).astype(w.dtype))
-        layer.lora = None
-        layer.lora_scale = 1.0
+        layer.lora, layer.lora_scale, layer.lora_dropout = None, 1.0, 0.0
     return plain
 
 
@@ -202,7 +245,7 @@ def without_adapters(model: Qwen35) -> Qwen35:
     graphdef, state = nnx.split(model)
     plain = nnx.merge(graphdef, state)
     for _, layer in linear_layers(plain):
-        layer.lora, layer.lora_scale = None, 1.0
+        layer.lora, layer.lora_scale, layer.lora_dropout = None, 1.0, 0.0
     return plain
 
 
@@ -270,7 +313,7 @@ def save_adapter(model: Qwen35, path: str | os.PathLike, *, base_model: str = ""
     from safetensors.numpy import save_file
 
     tensors: dict[str, np.ndarray] = {}
-    ranks, scales, modules = set(), set(), []
+    ranks, scales, dropouts, modules = set(), set(), set(), []
     for key, layer in _keyed_layers(model):
         if layer.lora is None:
             continue
@@ -278,22 +321,26 @@ def save_adapter(model: Qwen35, path: str | os.PathLike, *, base_model: str = ""
         b = np.asarray(jax.device_get(layer.lora.lora_b[...]), np.float32)
         ranks.add(a.shape[-1])
         scales.add(float(layer.lora_scale))
+        dropouts.add(float(layer.lora_dropout))
         for index, module in _module_names(key, layer, model.config):
             tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a[index].T)
             tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(b[index].T)
             modules.append(module)
     if not modules:
         raise ValueError("the model holds no LoRA adapters to save (train with model.lora.rank > 0)")
-    if len(ranks) > 1 or len(scales) > 1:
-        raise ValueError(f"adapters of several ranks {sorted(ranks)} or scales {sorted(scales)}: PEFT needs one")
-    (rank,), (scale,) = ranks, scales
+    if len(ranks) > 1 or len(scales) > 1 or len(dropouts) > 1:
+        raise ValueError(
+            f"adapters of several ranks {sorted(ranks)}, scales {sorted(scales)} or dropouts {sorted(dropouts)}: "
+            "PEFT needs one"
+        )
+    (rank,), (scale,), (dropout,) = ranks, scales, dropouts
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model or None,
         "r": rank,
         "lora_alpha": scale * rank,
-        "lora_dropout": 0.0,
+        "lora_dropout": dropout,
         "target_modules": sorted(modules),
         "bias": "none",
         "fan_in_fan_out": False,
@@ -377,8 +424,9 @@ def load_adapter(model: Qwen35, path: str | os.PathLike, *, param_dtype=jnp.floa
         _, a, b = values[id(layer)]
         (a if kind == "A.weight" else b)[index] = t.T
     rngs = nnx.Rngs(0)
+    dropout = float(cfg.get("lora_dropout") or 0.0)
     for layer, a, b in values.values():
-        _add_adapter(layer, rank, scale, rngs, param_dtype)
+        _add_adapter(layer, rank, scale, rngs, param_dtype, dropout)
         layer.lora.lora_a[...] = jnp.asarray(a, param_dtype)
         layer.lora.lora_b[...] = jnp.asarray(b, param_dtype)
     return model

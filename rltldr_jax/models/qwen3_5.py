@@ -118,19 +118,35 @@ class RowLinear(nnx.Module):
         return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
+class DropoutKey(nnx.Variable):
+    """The random key of one adapter's dropout in one forward pass (`lora.with_dropout`; stacked layers hold one key
+    per layer). Never a parameter: only the training loss's transient copy of the model holds keys."""
+
+
 class Linear(nnx.Linear):
     """A bias-free `nnx.Linear` ([in, out] kernel, the stacked model's layers) that may hold a LoRA adapter
-    (`models/lora.py`): y = x·W + lora_scale · (x·A)·B. Without one (`lora` None, the default) it is `nnx.Linear`."""
+    (`models/lora.py`): y = x·W + lora_scale · (drop(x)·A)·B. Without one (`lora` None, the default) it is
+    `nnx.Linear`.
+
+    drop is PEFT's adapter dropout (each input element zeroed with probability `lora_dropout`, the rest scaled by
+    1 / (1 − p)), applied only while the layer holds a `DropoutKey` (`lora.with_dropout`: the train step's loss);
+    without a key (engines, evaluation, exports, the reference policy) the layer is deterministic."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.lora = nnx.data(None)  # an `nnx.LoRA` once `lora.attach` adds one
         self.lora_scale = 1.0  # α / r
+        self.lora_dropout = 0.0  # p (`model.lora.dropout`)
+        self.dropout_key = nnx.data(None)  # a `DropoutKey` while the train step's loss runs (`lora.with_dropout`)
 
     def __call__(self, x: Array) -> Array:
         y = super().__call__(x)
         if self.lora is None:
             return y
+        if self.dropout_key is not None and self.lora_dropout > 0:
+            keep = 1.0 - self.lora_dropout
+            mask = jax.random.bernoulli(self.dropout_key[...], keep, x.shape)
+            x = jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros((), x.dtype))
         return y + (self.lora_scale * self.lora(x)).astype(y.dtype)
 
 

@@ -179,6 +179,7 @@ class Trainer:
             LossConfig.of(config.loss),
             micro_batch_size=self.update_config.rows_per_micro_batch,
             rows_key="batch.pack_rows" if self.update_config.pack_rows else "batch.micro_batch_size",
+            seed=config.seed,
         )
         self.rng = jax.random.key(config.seed)
         self.tasks = TaskSource(

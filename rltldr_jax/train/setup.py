@@ -26,11 +26,20 @@ from rltldr_jax import distributed, sharding
 from rltldr_jax.envs import Env, make_env
 from rltldr_jax.envs.spec import get_spec
 from rltldr_jax.models import ModelSpec, get_preset, load_pretrained
-from rltldr_jax.models.lora import attach, is_adapter_dir, load_adapter, merged, spec_of, split_trainable
+from rltldr_jax.models.lora import (
+    attach,
+    dropout_rate,
+    is_adapter_dir,
+    load_adapter,
+    merged,
+    set_dropout,
+    spec_of,
+    split_trainable,
+)
 from rltldr_jax.models.presets import checkpoint_needed_error
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
-from rltldr_jax.train.step import LossConfig, TrainBatch, train_step
+from rltldr_jax.train.step import LossConfig, TrainBatch, dropout_key, train_step, with_step_count
 
 
 def workdir_of(config: Settings) -> str:
@@ -113,7 +122,7 @@ def _adapted_policy(config: Settings, dtype, param_dtype) -> Any:
         allow_nonfinite=config.model.allow_nonfinite,
     )
     model = load_adapter(model, adapter)
-    return model if rank else merged(model)
+    return set_dropout(model, config.model.lora.dropout) if rank else merged(model)
 
 
 def _sharded_train_step(
@@ -125,10 +134,15 @@ def _sharded_train_step(
     *,
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
+    dropout_seed: int | None = None,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """`train_step` with the loss coefficients (and the reference parameters, when a term needs them) as (traced)
-    arguments: the function `ShardedUpdate` jits."""
-    return train_step(graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg, ref_params=ref_params)
+    arguments: the function `ShardedUpdate` jits. With `dropout_seed`, the adapters' dropout runs with the step's key
+    (`step.dropout_key`: the seed and the step number in `opt_state`)."""
+    key = None if dropout_seed is None else dropout_key(opt_state, dropout_seed)
+    return train_step(
+        graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg, ref_params=ref_params, dropout_key=key
+    )
 
 
 def _copy(tree: Any) -> Any:
@@ -148,6 +162,9 @@ class ShardedUpdate:
       micro_batch_size: rows per micro-batch (`batch.micro_batch_size`, or `batch.pack_rows` with packed rows): a
         multiple of the data × fsdp devices.
       rows_key: the config key `micro_batch_size` came from, for the error message.
+      seed: the run's seed: with adapter dropout (`model.lora.dropout` > 0), each step's dropout key is drawn from it
+        and the step number, which the optimizer state then holds (`step.with_step_count`), so a resumed run drops
+        exactly what an uninterrupted one would.
 
     Attributes:
       mesh, graphdef, params, opt_state, tx, loss_cfg; `shardings` = (params, optimizer state).
@@ -169,6 +186,7 @@ class ShardedUpdate:
         *,
         micro_batch_size: int,
         rows_key: str = "batch.micro_batch_size",
+        seed: int = 0,
     ):
         self.mesh = mesh.make()
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -177,6 +195,9 @@ class ShardedUpdate:
                 f"{rows_key}={micro_batch_size} is not divisible by the {dp} data-parallel "
                 f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
             )
+        dropout_seed = seed if dropout_rate(model) > 0 else None
+        if dropout_seed is not None:
+            tx = with_step_count(tx)
         self.tx, self.loss_cfg = tx, loss_cfg
         self.graphdef, params = nnx.split(model)
         p_sh = sharding.param_shardings(params, self.mesh)
@@ -196,7 +217,7 @@ class ShardedUpdate:
         self.ref_params = jax.jit(_copy, out_shardings=p_sh)(self.params) if loss_cfg.needs_ref else None
         ref_sh = () if self.ref_params is None else (p_sh,)
         self._step = jax.jit(
-            functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx),
+            functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx, dropout_seed=dropout_seed),
             in_shardings=(p_sh, o_sh, b_sh, replicated, *ref_sh),
             out_shardings=(p_sh, o_sh, replicated),
             donate_argnums=(0, 1),

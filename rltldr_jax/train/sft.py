@@ -164,6 +164,7 @@ def _run_sft(config: Settings, workdir: str, progress: bool) -> dict[str, float]
         tx,
         LossConfig(lam=1.0, grpo_coef=0.0),
         micro_batch_size=config.batch.micro_batch_size,
+        seed=config.seed,
     )
     loggers = open_loggers(config, workdir, axes=SFT_AXES)  # config.json, W&B (logging.wandb), TensorBoard
     b = config.batch

@@ -19,7 +19,7 @@ import logging
 import math
 import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,7 @@ from flax import nnx, struct
 
 from rltldr_jax.loss_terms import DEFAULT_TERMS, LOSS_TERMS, LossTerm, TermInputs, combine, parse_terms
 from rltldr_jax.losses import safe_divide
-from rltldr_jax.models.lora import join_trainable, split_trainable
+from rltldr_jax.models.lora import join_trainable, split_trainable, with_dropout
 from rltldr_jax.models.qwen3_5 import sequence_logprobs
 from rltldr_jax.settings import Loss, Optim, build, choices
 
@@ -309,6 +309,48 @@ def learning_rate_of(optim: Optim, opt_state: Any, learning_rate: float | None =
     return float(schedule(max(max(counts, default=0) - 1, 0)))
 
 
+class StepCount(NamedTuple):
+    """The optimizer state of `step_counter`: updates applied so far (skipped non-finite steps not counted)."""
+
+    count: jax.Array  # int32 []
+
+
+def step_counter() -> optax.GradientTransformation:
+    """Counts the updates it sees and leaves them unchanged: chained after an optimizer that keeps no count of its
+    own (plain SGD), it puts the step number in the optimizer state, so what derives from it (the adapters' dropout
+    keys, `dropout_key`) is checkpointed and resumed with the state."""
+
+    def init(params):
+        del params
+        return StepCount(jnp.zeros((), jnp.int32))
+
+    def update(updates, state, params=None):
+        del params
+        return updates, StepCount(state.count + 1)
+
+    return optax.GradientTransformation(init, update)
+
+
+def with_step_count(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` followed by `step_counter` (the same updates)."""
+    return optax.chain(tx, step_counter())
+
+
+def dropout_key(opt_state: Any, seed: int) -> jax.Array:
+    """The random key of one optimizer step's adapter dropout: drawn from `seed` and the step number the state of a
+    `with_step_count` optimizer holds, so a resumed run draws the same keys as an uninterrupted one.
+
+    Raises:
+      ValueError: `opt_state` has no `StepCount` (the optimizer was not built `with_step_count`).
+    """
+    counts = [
+        x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, StepCount)) if isinstance(x, StepCount)
+    ]
+    if not counts:
+        raise ValueError("adapter dropout needs the step number in the optimizer state: build it with_step_count(tx)")
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 0x4C6F5241), counts[-1].count)  # ("LoRA")
+
+
 def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
     """The masks the terms read, each once, in term order."""
     return tuple(dict.fromkeys(t.mask for t in terms))
@@ -344,9 +386,12 @@ def _micro_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One micro-batch's Σ_k coef_k · sum_k / count_k (global counts) and every term's sums, keyed "{term}/sum" and
     "{term}/{aux key}"; `ref_logprobs` go to the terms as `TermInputs.ref_logprobs`. `params` are what trains; with
-    LoRA adapters, `frozen` the rest of the model (`lora.split_trainable`)."""
+    LoRA adapters, `frozen` the rest of the model (`lora.split_trainable`). A micro-batch with a "dropout_key" runs
+    the model's adapter dropout with it (`lora.with_dropout`)."""
     terms = loss_cfg.loss_terms()
     model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+    if "dropout_key" in mb:
+        model = with_dropout(model, mb["dropout_key"])
     masks = mb["masks"]
     lp, entropy = sequence_logprobs(
         model, mb["ids"], chunk=loss_cfg.logprob_chunk, needed=_needed(masks, terms), segments=mb.get("segments")
@@ -370,6 +415,7 @@ def train_step(
     tx: optax.GradientTransformation,
     loss_cfg: LossConfig,
     ref_params: nnx.State | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Accumulates the gradients of the configured loss terms (`loss_cfg.terms`, §3: L = Σ_k coef_k · sum_k / count_k
     with count_k the token count of term k's mask over the whole batch) over the A micro-batches of `batch`, then
@@ -393,6 +439,8 @@ def train_step(
         term `needs_ref` (`loss_cfg.needs_ref`: the `kl` term): each micro-batch with targets then also runs their
         forward pass (no backward) for `TermInputs.ref_logprobs`. Ignored, and the step is exactly the one without
         them, when no term needs them.
+      dropout_key: the step's key for the adapters' dropout (`dropout_key`; each micro-batch gets its own split);
+        None = no dropout. Only the policy's forward pass in the loss drops; the reference policy's does not.
 
     Returns:
       (new params, new optimizer state, metrics): loss, grad_norm (before clipping), detached_examples,
@@ -434,6 +482,8 @@ def train_step(
     }
     if batch.segments is not None:
         micro["segments"] = batch.segments
+    if dropout_key is not None:
+        micro["dropout_key"] = jax.random.split(dropout_key, batch.ids.shape[0])
     # What a micro-batch without targets contributes: zeros shaped like `compute`'s outputs.
     shapes = jax.eval_shape(compute, jax.tree.map(lambda x: x[0], micro))
     nothing = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
