@@ -44,8 +44,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -363,23 +365,88 @@ def json_checksum(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-#: Directories (absolute) whose orbax reads are in flight or have failed in this process: the reports their orphaned
-#: reads make are dropped (`_quiet_orphaned_reads`).
-_ORPHANED_READ_SCOPES: set[str] = set()
-
-#: What asyncio logs, through its `asyncio` logger, for a future or task whose exception nobody retrieved.
-_UNRETRIEVED = ("Future exception was never retrieved", "Task exception was never retrieved")
+#: How long after a failed read the reports of the reads it orphaned are dropped. They come within a second or two
+#: (TensorStore completing the other reads, the garbage collection of their futures); a report after this is shown.
+ORPHAN_GRACE_S = 30.0
 
 
-def _mentions_scope(exc: BaseException | None) -> bool:
-    """Whether `exc` or an exception it was raised from names a directory in `_ORPHANED_READ_SCOPES`."""
-    seen = 0
-    while exc is not None and seen < 8:
-        text = str(exc)
-        if any(scope in text for scope in _ORPHANED_READ_SCOPES):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+class _OrphanedReads:
+    """Which directories' orbax reads are in flight or failed less than `ORPHAN_GRACE_S` ago (thread-safe), and the
+    filters that drop the reports of their orphaned reads (installed once, at the first read).
+
+    orbax reads every array concurrently on an event loop it closes as soon as one read fails, while TensorStore
+    still completes the others. Each completion then reports `RuntimeError('Event loop is closed')` from
+    `call_soon_threadsafe` to `sys.unraisablehook`, and each failed read nobody awaited makes asyncio log "... exception
+    was never retrieved" when it is collected: a screen of tracebacks after the one clear error (launch/export_hf.py,
+    launch/eval.py on a truncated checkpoint). The completions race the error on other threads, so a read is in scope
+    from before it starts. The asyncio reports name the files they failed on and are dropped only when they name a
+    directory in scope; the unraisable "Event loop is closed" names nothing, so it is dropped while any directory is
+    in scope (a read in flight, or one failed within the grace period), and shown otherwise.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._failed: dict[str, float] = {}  # directory -> time.monotonic() of its last failed read
+        self._installed = False
+
+    def begin(self, directory: str) -> None:
+        with self._lock:
+            self._in_flight[directory] = self._in_flight.get(directory, 0) + 1
+            if not self._installed:
+                self._install()
+                self._installed = True
+
+    def end(self, directory: str, *, failed: bool) -> None:
+        with self._lock:
+            left = self._in_flight.get(directory, 1) - 1
+            if left > 0:
+                self._in_flight[directory] = left
+            else:
+                self._in_flight.pop(directory, None)
+            if failed:
+                self._failed[directory] = time.monotonic()
+
+    def scopes(self) -> tuple[str, ...]:
+        """The directories in scope now."""
+        with self._lock:
+            now = time.monotonic()
+            for d in [d for d, t in self._failed.items() if now - t > ORPHAN_GRACE_S]:
+                del self._failed[d]
+            return tuple({*self._in_flight, *self._failed})
+
+    def names_a_scope(self, exc: BaseException | None) -> bool:
+        """Whether `exc`, or an exception it was raised from, names a directory in scope (as a whole path
+        component: `/a/ckpt` does not name `/a/ckpt_old`)."""
+        scopes = self.scopes()
+        if not scopes:
+            return False
+        pattern = re.compile("|".join(re.escape(s.rstrip("/")) + r"(?=/|$|[\s'\"\]),])" for s in scopes))
+        for _ in range(8):
+            if exc is None:
+                break
+            if pattern.search(str(exc)):
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
+    def _install(self) -> None:
+        previous = sys.unraisablehook
+
+        def hook(unraisable, previous=previous):
+            exc = unraisable.exc_value
+            if (
+                unraisable.object is None
+                and isinstance(exc, RuntimeError)
+                and str(exc) == "Event loop is closed"
+                and _from_call_soon_threadsafe(unraisable.exc_traceback)
+                and self.scopes()
+            ):
+                return
+            previous(unraisable)
+
+        sys.unraisablehook = hook
+        logging.getLogger("asyncio").addFilter(_OrphanedReadReports(self))
 
 
 def _from_call_soon_threadsafe(tb) -> bool:
@@ -391,45 +458,21 @@ def _from_call_soon_threadsafe(tb) -> bool:
 
 
 class _OrphanedReadReports(logging.Filter):
-    """Drops asyncio's "... exception was never retrieved" records whose exception names a scoped directory."""
+    """Drops asyncio's "... exception was never retrieved" records (of a Future, a Task, a gather's
+    _GatheringFuture) whose exception names a directory in scope."""
+
+    def __init__(self, reads: _OrphanedReads):
+        super().__init__()
+        self.reads = reads
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.getMessage().startswith(_UNRETRIEVED) or not record.exc_info:
+        first_line = record.getMessage().split("\n", 1)[0]
+        if "exception was never retrieved" not in first_line or not record.exc_info:
             return True
-        return not _mentions_scope(record.exc_info[1])
+        return not self.reads.names_a_scope(record.exc_info[1])
 
 
-def _quiet_orphaned_reads(directory: str) -> None:
-    """Keeps the reads a failed orbax restore of `directory` leaves behind from printing tracebacks.
-
-    orbax reads every array concurrently on an event loop it closes as soon as one read fails, while TensorStore
-    still completes the others. Each completion then reports `RuntimeError('Event loop is closed')` from
-    `call_soon_threadsafe` to `sys.unraisablehook`, and each failed read nobody awaited makes asyncio log "Future
-    (or Task) exception was never retrieved" when it is collected: a screen of tracebacks after the one clear error
-    (launch/export_hf.py, launch/eval.py on a truncated checkpoint). The completions race the error on other threads,
-    so the filters go in before the read starts and the directory stays in scope once a read of it has failed.
-    """
-    _ORPHANED_READ_SCOPES.add(directory)
-    current = sys.unraisablehook
-    if not getattr(current, "_rltldr_orphaned_reads", False):
-
-        def hook(unraisable, previous=current):
-            exc = unraisable.exc_value
-            if (
-                _ORPHANED_READ_SCOPES
-                and unraisable.object is None
-                and isinstance(exc, RuntimeError)
-                and str(exc) == "Event loop is closed"
-                and _from_call_soon_threadsafe(unraisable.exc_traceback)
-            ):
-                return
-            previous(unraisable)
-
-        hook._rltldr_orphaned_reads = True
-        sys.unraisablehook = hook
-    asyncio_logger = logging.getLogger("asyncio")
-    if not any(isinstance(f, _OrphanedReadReports) for f in asyncio_logger.filters):
-        asyncio_logger.addFilter(_OrphanedReadReports())
+_ORPHANED_READS = _OrphanedReads()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -652,18 +695,17 @@ class Checkpointer:
         """`read()`, with any failure to read the files raised as CorruptCheckpointError naming the step."""
         scope = os.fspath(self.directory)
         scope = scope if "://" in scope else os.path.abspath(scope)
-        failed_before = scope in _ORPHANED_READ_SCOPES
-        _quiet_orphaned_reads(scope)
+        _ORPHANED_READS.begin(scope)  # (its orphaned reads, should it fail, print nothing: `_OrphanedReads`)
         try:
             value = read()
         except Exception as e:
+            _ORPHANED_READS.end(scope, failed=True)
             raise CorruptCheckpointError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r}: "
                 f"cannot read its {what} ({error_reason(e)}); its "
                 "files are truncated or damaged"
             ) from e
-        if not failed_before:
-            _ORPHANED_READ_SCOPES.discard(scope)
+        _ORPHANED_READS.end(scope, failed=False)
         return value
 
     def _corrupt(self, step: int, what: str) -> CorruptCheckpointError:
@@ -763,7 +805,8 @@ class Checkpointer:
             if all(p.startswith("opt_state") for p in problems):
                 hint = (
                     " (only the optimizer state differs: it was saved by another optimizer; resume with the optim.*"
-                    " settings the run was saved with, e.g. optim.name, optim.warmup_steps and optim.decay_steps)"
+                    " settings the run was saved with, e.g. optim.name, optim.warmup_steps and optim.decay_steps, and"
+                    " its model.lora.dropout: adapter dropout adds a step count to the state)"
                 )
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {os.fspath(self.directory)!r} does not match the restore target{hint}:\n  "

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -20,6 +21,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -136,6 +139,66 @@ def test_export_into_a_read_only_directory_is_one_line(tmp_path, capsys):
         "config.json",
         "model.safetensors",
     ]
+
+
+def _closed_loop_report() -> RuntimeError:
+    """The error a TensorStore completion raises on a read whose event loop orbax has closed (with its traceback)."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(lambda: None)
+    except RuntimeError as e:
+        return e
+    raise AssertionError("a closed loop accepted a callback")
+
+
+def test_only_the_reports_of_a_failed_reads_orphans_are_dropped(monkeypatch):
+    """The filters of a failed read's orphaned reads (`checkpoint._OrphanedReads`): asyncio's "never retrieved"
+    reports are dropped only when they name a directory whose read is in flight or failed within the grace period
+    (a whole path component: not a sibling with a longer name); the unraisable "Event loop is closed" only while some
+    read is in scope; anything else, and everything once the grace period is over, is shown."""
+    shown = []
+    monkeypatch.setattr(sys, "unraisablehook", shown.append)
+    monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])  # (restored after the test, with its filters)
+    reads = ckpt_module._OrphanedReads()
+    reads._install()
+    reports = ckpt_module._OrphanedReadReports(reads)
+
+    def record(message: str, exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, "", 0, message, (), (type(exc), exc, None))
+
+    closed = _closed_loop_report()
+    unraisable = SimpleNamespace(
+        exc_type=RuntimeError, exc_value=closed, exc_traceback=closed.__traceback__, err_msg=None, object=None
+    )
+    damaged = ValueError('OUT_OF_RANGE: Error reading "/data/run/ckpt/1/params/": Requested byte range')
+    sibling = ValueError('OUT_OF_RANGE: Error reading "/data/run/ckpt_old/1/params/": Requested byte range')
+    wrapped = Exception("Encountered error while reading array index")
+    wrapped.__cause__ = damaged
+    never = "_GatheringFuture exception was never retrieved\nfuture: <_GatheringFuture finished>"
+
+    assert reports.filter(record(never, damaged))  # nothing in scope: shown
+    sys.unraisablehook(unraisable)
+    assert shown == [unraisable]
+    reads.begin("/data/run/ckpt")
+    reads.end("/data/run/ckpt", failed=True)
+    assert not reports.filter(record(never, damaged)) and not reports.filter(record(never, wrapped))
+    assert not reports.filter(record("Task exception was never retrieved", damaged))
+    assert reports.filter(record(never, sibling))  # another directory
+    assert reports.filter(record("Unclosed client session", damaged))  # another report
+    sys.unraisablehook(unraisable)
+    other = SimpleNamespace(exc_type=ValueError, exc_value=damaged, exc_traceback=None, err_msg=None, object=None)
+    sys.unraisablehook(other)
+    assert shown == [unraisable, other]  # the closed-loop report dropped, the other shown
+    monkeypatch.setattr(ckpt_module, "ORPHAN_GRACE_S", 0.0)
+    time.sleep(0.01)
+    assert reads.scopes() == () and reports.filter(record(never, damaged))
+    sys.unraisablehook(unraisable)
+    assert shown == [unraisable, other, unraisable]
+    reads.begin("/data/run/ckpt")  # a read in flight is in scope until it ends
+    assert reads.scopes() == ("/data/run/ckpt",)
+    reads.end("/data/run/ckpt", failed=False)
+    assert reads.scopes() == ()
 
 
 TRUNCATED_EXPORTS = textwrap.dedent(

@@ -381,7 +381,9 @@ def test_a_paused_server_is_found_and_returns_to_rotation(servers):
         tasks = [asyncio.ensure_future(client.generate(r)) for r in requests]
         # Requests in flight on each server. (Waiting for a first result instead once stopped a victim that had just
         # answered all of its batch together: nothing was left to retry.)
+        deadline = time.monotonic() + 60
         while min(client.outstanding_counts().values()) < 1:
+            assert time.monotonic() < deadline, f"no request in flight on each server: {client.outstanding_counts()}"
             await asyncio.sleep(0.002)
         victim.process.send_signal(signal.SIGSTOP)
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)

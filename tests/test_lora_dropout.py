@@ -22,7 +22,14 @@ from rltldr_jax.models.qwen3_5 import Linear
 from rltldr_jax.sharding import MeshConfig
 from rltldr_jax.train.batching import pack
 from rltldr_jax.train.setup import ShardedUpdate
-from rltldr_jax.train.step import LossConfig, StepCount, dropout_key, make_optimizer, with_step_count
+from rltldr_jax.train.step import (
+    LossConfig,
+    StepCount,
+    dropout_key,
+    dropout_seed_key,
+    make_optimizer,
+    with_step_count,
+)
 
 T = 16
 IDS = (jnp.arange(2 * T, dtype=jnp.int32).reshape(2, T) * 7 + 3) % 256
@@ -128,11 +135,8 @@ def test_train_steps_drop_per_seed_and_step_and_resume_with_their_keys(tmp_path)
     assert loss["a"] == loss["again"] and len({loss["off"], loss["a"], loss["b"]}) == 3
 
     whole = _update(0.5)
-    keys = [np.asarray(jax.random.key_data(dropout_key(whole.opt_state, 0)))]
     whole.step(batch)
-    keys.append(np.asarray(jax.random.key_data(dropout_key(whole.opt_state, 0))))
     whole.step(batch)
-    assert not np.array_equal(*keys)  # a new step, new masks
 
     first = _update(0.5)
     first.step(batch)
@@ -147,11 +151,31 @@ def test_train_steps_drop_per_seed_and_step_and_resume_with_their_keys(tmp_path)
         np.testing.assert_array_equal(a, b)
 
 
+def test_each_step_draws_new_masks_and_every_seed_shares_one_compiled_step():
+    """With a learning rate of 0 nothing moves but the step number: the loss on the same batch changes from step to
+    step (new masks), and repeats in a run with the same seed; the seed is an argument of the compiled step, not a
+    constant baked into it (runs with other seeds reuse its program)."""
+    batch = _batch()
+    still = make_optimizer(0.0, name="sgd")
+    losses = {}
+    for seed in (0, 0, 1):
+        update = _update(0.5, seed, tx=still)
+        losses.setdefault(seed, []).append([float(update.step(batch)["loss"]) for _ in range(3)])
+        assert _counts(update.opt_state) == [3]
+    (a, again), (b,) = losses[0], losses[1]
+    assert a == again and len(set(a)) == 3 and a != b
+    texts = []
+    for seed in (0, 1):
+        u = _update(0.5, seed)
+        texts.append(u._step.lower(u.params, u.opt_state, batch, u._coefs, u._extras).as_text())
+    assert texts[0] == texts[1]
+
+
 def test_dropout_needs_the_step_number_in_the_optimizer_state():
     tx = make_optimizer(1e-2, name="sgd")
     trainable = lora.split_trainable(nnx.state(_model()))[0]
     with pytest.raises(ValueError, match="build it with_step_count"):
-        dropout_key(tx.init(trainable), 0)
+        dropout_key(tx.init(trainable), dropout_seed_key(0))
     counted = with_step_count(tx)
     state = counted.init(trainable)
     grads = jax.tree.map(jnp.ones_like, trainable)

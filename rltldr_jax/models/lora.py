@@ -236,7 +236,7 @@ def merged(model: Qwen35) -> Qwen35:
         w = layer.kernel[...]
         delta = jnp.matmul(layer.lora.lora_a[...].astype(jnp.float32), layer.lora.lora_b[...].astype(jnp.float32))
         layer.kernel = nnx.Param((w.astype(jnp.float32) + layer.lora_scale * delta).astype(w.dtype))
-        layer.lora, layer.lora_scale, layer.lora_dropout = None, 1.0, 0.0
+        layer.lora, layer.lora_scale, layer.lora_dropout, layer.dropout_key = None, 1.0, 0.0, None
     return plain
 
 
@@ -245,7 +245,7 @@ def without_adapters(model: Qwen35) -> Qwen35:
     graphdef, state = nnx.split(model)
     plain = nnx.merge(graphdef, state)
     for _, layer in linear_layers(plain):
-        layer.lora, layer.lora_scale, layer.lora_dropout = None, 1.0, 0.0
+        layer.lora, layer.lora_scale, layer.lora_dropout, layer.dropout_key = None, 1.0, 0.0, None
     return plain
 
 

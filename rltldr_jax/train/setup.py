@@ -39,7 +39,14 @@ from rltldr_jax.models.lora import (
 from rltldr_jax.models.presets import checkpoint_needed_error
 from rltldr_jax.settings import Settings
 from rltldr_jax.tokenization import Tokenizer, load_tokenizer
-from rltldr_jax.train.step import LossConfig, TrainBatch, dropout_key, train_step, with_step_count
+from rltldr_jax.train.step import (
+    LossConfig,
+    TrainBatch,
+    dropout_key,
+    dropout_seed_key,
+    train_step,
+    with_step_count,
+)
 
 
 def workdir_of(config: Settings) -> str:
@@ -130,18 +137,26 @@ def _sharded_train_step(
     opt_state: Any,
     batch: TrainBatch,
     loss_cfg: LossConfig,
-    ref_params: nnx.State | None = None,
+    extras: dict[str, Any],
     *,
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
-    dropout_seed: int | None = None,
 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """`train_step` with the loss coefficients (and the reference parameters, when a term needs them) as (traced)
-    arguments: the function `ShardedUpdate` jits. With `dropout_seed`, the adapters' dropout runs with the step's key
-    (`step.dropout_key`: the seed and the step number in `opt_state`)."""
-    key = None if dropout_seed is None else dropout_key(opt_state, dropout_seed)
+    """`train_step` with the loss coefficients and the `extras` as (traced) arguments: the function `ShardedUpdate`
+    jits. `extras` may hold "ref_params" (the reference parameters, when a term needs them) and "dropout_seed" (the
+    run's dropout key data, `step.dropout_seed_key`: the adapters' dropout then runs with each step's key,
+    `step.dropout_key`); as arguments, not constants, so runs with other seeds share the compiled step."""
+    seed_key = extras.get("dropout_seed")
+    key = None if seed_key is None else dropout_key(opt_state, jax.random.wrap_key_data(seed_key))
     return train_step(
-        graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg, ref_params=ref_params, dropout_key=key
+        graphdef,
+        params,
+        opt_state,
+        batch,
+        tx=tx,
+        loss_cfg=loss_cfg,
+        ref_params=extras.get("ref_params"),
+        dropout_key=key,
     )
 
 
@@ -195,8 +210,8 @@ class ShardedUpdate:
                 f"{rows_key}={micro_batch_size} is not divisible by the {dp} data-parallel "
                 f"devices of mesh {dict(self.mesh.shape)}: make it a multiple of {dp}"
             )
-        dropout_seed = seed if dropout_rate(model) > 0 else None
-        if dropout_seed is not None:
+        dropout = dropout_rate(model) > 0
+        if dropout:
             tx = with_step_count(tx)
         self.tx, self.loss_cfg = tx, loss_cfg
         self.graphdef, params = nnx.split(model)
@@ -215,10 +230,16 @@ class ShardedUpdate:
         self._coefs = distributed.global_batch(loss_cfg.traced(), replicated)
         # A copy (new buffers: `params` are donated to every step), placed like the params.
         self.ref_params = jax.jit(_copy, out_shardings=p_sh)(self.params) if loss_cfg.needs_ref else None
-        ref_sh = () if self.ref_params is None else (p_sh,)
+        self._extras, extras_sh = {}, {}
+        if self.ref_params is not None:
+            self._extras["ref_params"], extras_sh["ref_params"] = self.ref_params, p_sh
+        if dropout:
+            seed_key = jax.random.key_data(dropout_seed_key(seed))
+            self._extras["dropout_seed"] = distributed.global_batch(seed_key, replicated)
+            extras_sh["dropout_seed"] = replicated
         self._step = jax.jit(
-            functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx, dropout_seed=dropout_seed),
-            in_shardings=(p_sh, o_sh, b_sh, replicated, *ref_sh),
+            functools.partial(_sharded_train_step, graphdef=self.graphdef, tx=tx),
+            in_shardings=(p_sh, o_sh, b_sh, replicated, extras_sh),
             out_shardings=(p_sh, o_sh, replicated),
             donate_argnums=(0, 1),
         )
@@ -232,9 +253,10 @@ class ShardedUpdate:
         """
         # multi-process: every process holds the same batch
         batch = distributed.global_batch(batch, self._batch_sharding)
-        ref = () if self.ref_params is None else (self.ref_params,)
         with sharding.activate(self.mesh):
-            self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch, self._coefs, *ref)
+            self.params, self.opt_state, metrics = self._step(
+                self.params, self.opt_state, batch, self._coefs, self._extras
+            )
         return metrics
 
     def abstract(self) -> tuple[Any, Any]:

@@ -336,19 +336,25 @@ def with_step_count(tx: optax.GradientTransformation) -> optax.GradientTransform
     return optax.chain(tx, step_counter())
 
 
-def dropout_key(opt_state: Any, seed: int) -> jax.Array:
-    """The random key of one optimizer step's adapter dropout: drawn from `seed` and the step number the state of a
-    `with_step_count` optimizer holds, so a resumed run draws the same keys as an uninterrupted one.
+def dropout_seed_key(seed: int) -> jax.Array:
+    """The run's key for the adapters' dropout, from its seed (a stream of its own: no other use of the seed draws
+    from it)."""
+    return jax.random.fold_in(jax.random.key(seed), 0x4C6F5241)  # ("LoRA")
+
+
+def dropout_key(opt_state: Any, seed_key: jax.Array) -> jax.Array:
+    """The random key of one optimizer step's adapter dropout: `seed_key` (`dropout_seed_key`) folded with the step
+    number that the state of a `with_step_count` optimizer holds, so a resumed run draws the same keys as an
+    uninterrupted one.
 
     Raises:
       ValueError: `opt_state` has no `StepCount` (the optimizer was not built `with_step_count`).
     """
-    counts = [
-        x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, StepCount)) if isinstance(x, StepCount)
-    ]
+    found = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, StepCount))
+    counts = [x for x in found if isinstance(x, StepCount)]
     if not counts:
         raise ValueError("adapter dropout needs the step number in the optimizer state: build it with_step_count(tx)")
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 0x4C6F5241), counts[-1].count)  # ("LoRA")
+    return jax.random.fold_in(seed_key, counts[-1].count)
 
 
 def _mask_names(terms: tuple[LossTerm, ...]) -> tuple[str, ...]:
@@ -589,6 +595,7 @@ def check_logprob_gap(metrics: Mapping[str, Any], limit: float, phase: int) -> N
         "trained; stopped without saving, the last checkpoint is intact. Likely causes: the generation servers serve "
         "other weights (started from another checkpoint, or engine.assume_initial_weights=True when they were not), "
         "the servers' tokenizer or chat template differs from the trainer's, or sampling that is not the policy's "
-        "(rollout.temperature != 1, rollout.top_p < 1, rollout.top_k > 0). "
+        "(rollout.temperature != 1, rollout.top_p < 1, rollout.top_k > 0), or a large adapter dropout "
+        "(model.lora.dropout: the trainer's logprobs are those of one step's masks). "
         "To train on anyway, raise train.max_logprob_gap or set it to 0"
     )
