@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rltldr_jax.models.qwen3_5 import Linear, Qwen35
+from rltldr_jax.models.qwen3_5 import DropoutKey, Linear, Qwen35
 
 #: Every projection of the attention, DeltaNet and MLP layers (not the embeddings or the LM head).
 DEFAULT_TARGETS = (r"(self_attn|linear_attn|mlp)/[a-z_]+$",)
@@ -73,13 +73,28 @@ class LoraSpec:
                 re.compile(t)
             except re.error as e:
                 raise ValueError(f"LoRA target {t!r} is not a regular expression ({e}): fix model.lora.targets") from e
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout {self.dropout}: give a probability in [0, 1) (model.lora.dropout)")
+        _check_dropout(self.dropout)
 
     @property
     def scale(self) -> float:
         """α / r."""
         return self.alpha / self.rank
+
+
+def _check_dropout(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"LoRA dropout {p}: give a probability in [0, 1) (model.lora.dropout)")
+
+
+def _copy(model: Qwen35) -> Qwen35:
+    """A copy of `model`'s module objects, sharing its arrays (until a layer's are replaced)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, state)
+
+
+def _strip_adapter(layer: Linear) -> None:
+    """`layer` as a plain linear layer: no adapter, scale, dropout or dropout key."""
+    layer.lora, layer.lora_scale, layer.lora_dropout, layer.dropout_key = None, 1.0, 0.0, None
 
 
 def parse_targets(targets: str) -> tuple[str, ...]:
@@ -192,8 +207,7 @@ def dropout_rate(model: nnx.Module) -> float:
 def set_dropout(model: Qwen35, p: float) -> Qwen35:
     """Sets every adapter's dropout probability to `p` (in place; returns `model`): a loaded adapter trained further
     under this run's `model.lora.dropout`, not the one its PEFT config recorded."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"LoRA dropout {p}: give a probability in [0, 1) (model.lora.dropout)")
+    _check_dropout(p)
     for _, layer in linear_layers(model):
         if layer.lora is not None:
             layer.lora_dropout = float(p)
@@ -205,10 +219,7 @@ def with_dropout(model: Qwen35, key: jax.Array) -> Qwen35:
     drawn from `key`: one per adapted layer and, for stacked layers, per stacked layer ([n_blocks, run] keys that the
     scan over layers hands out like the kernels). What `train.step`'s loss runs for a model with adapter dropout;
     `model` itself is unchanged (no keys, deterministic). Works under `jit` (`key` may be traced)."""
-    from rltldr_jax.models.qwen3_5 import DropoutKey
-
-    graphdef, state = nnx.split(model)
-    noisy = nnx.merge(graphdef, state)
+    noisy = _copy(model)
     for i, (_, layer) in enumerate(linear_layers(noisy)):
         if layer.lora is None or layer.lora_dropout <= 0:
             continue
@@ -228,24 +239,22 @@ def merged(model: Qwen35) -> Qwen35:
     Qwen 3.5 that engines, exports and weight pushes take. A model without adapters is returned as it is."""
     if not has_adapters(model):
         return model
-    graphdef, state = nnx.split(model)
-    plain = nnx.merge(graphdef, state)  # (new module objects; the arrays are shared until replaced below)
+    plain = _copy(model)
     for _, layer in linear_layers(plain):
         if layer.lora is None:
             continue
         w = layer.kernel[...]
         delta = jnp.matmul(layer.lora.lora_a[...].astype(jnp.float32), layer.lora.lora_b[...].astype(jnp.float32))
         layer.kernel = nnx.Param((w.astype(jnp.float32) + layer.lora_scale * delta).astype(w.dtype))
-        layer.lora, layer.lora_scale, layer.lora_dropout, layer.dropout_key = None, 1.0, 0.0, None
+        _strip_adapter(layer)
     return plain
 
 
 def without_adapters(model: Qwen35) -> Qwen35:
     """A copy of `model` with its adapters dropped (the base as it was loaded: kernels unchanged)."""
-    graphdef, state = nnx.split(model)
-    plain = nnx.merge(graphdef, state)
+    plain = _copy(model)
     for _, layer in linear_layers(plain):
-        layer.lora, layer.lora_scale, layer.lora_dropout, layer.dropout_key = None, 1.0, 0.0, None
+        _strip_adapter(layer)
     return plain
 
 
