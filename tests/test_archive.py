@@ -102,6 +102,14 @@ def test_pack_keeps_the_finished_pieces_and_the_rollouts_an_offline_arm_still_ne
     ]
     assert archive.summary_of(dest) == {"runs": 3, "base checks": 1, "base policies": 2}
     assert archive.unprobed_runs(runs) == ["grpo-s0", "rltldr-s1"]  # (finished, checkpoints kept, no probes.json)
+    # once the offline arm has trained on rltldr-s1's rollouts, the archive drops them (its own files come in)
+    sftldr = by_name["sftldr-s1"]
+    _write(os.path.join(sftldr.workdir, "summary.json"), json.dumps({"arm": "sftldr", "seed": 1}))
+    assert archive.pack(runs, out, dest, shipped_dir=str(tmp_path / "none")) == [
+        os.path.join(dest, "runs", "sftldr-s1", "summary.json")
+    ]
+    assert not os.path.exists(os.path.join(dest, "runs", "rltldr-s1", "rollouts"))
+    assert {"runs/rltldr-s1/summary.json", "runs/rltldr-s1/metrics.jsonl"} <= set(_files(dest))
 
 
 def test_unpack_restores_every_file_where_the_grid_reads_it_and_refuses_to_overwrite(grid, tmp_path):

@@ -10,7 +10,8 @@ What is kept (`pack`), from the grid's directory `out`:
 - per finished run: `summary.json` (what the report reads, its config included: the grid knows the run as done),
   `metrics.jsonl` (every phase and evaluation) and `probes.json` (the probes over training, when
   `launch/probe_plans.py` has run: the checkpoints they read are not kept);
-- per unfinished run that trains on a finished run's rollouts (the offline arms): that run's `rollouts/`;
+- per unfinished run that trains on a finished run's rollouts (the offline arms): that run's `rollouts/`, removed
+  from the archive again once every offline arm reading them has finished (tens of MB a seed);
 - `shared/` (arms that share another's run) and every seed's base checks (`base/s{seed}/`);
 - every base policy of the grid's seeds made so far (its HF directory, ~1 MB; one alone counts: pretraining is a
   seed's longest piece), unless the package ships the same files (`train.pretrain.SHIPPED_DIR`), with the path it
@@ -114,9 +115,8 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
                 if os.path.isfile(os.path.join(run.workdir, f)):
                     _copy(os.path.join(run.workdir, f), os.path.join(archive, "runs", name, f), written)
         elif run.depends_on in finished:  # (an offline arm still to run: the rollouts it trains on)
-            source = rollouts_dir(run.depends_on)
-            dst = os.path.join(archive, "runs", os.path.basename(run.depends_on), os.path.basename(source))
-            _copy_tree(source, dst, written)
+            _copy_tree(rollouts_dir(run.depends_on), _archived_rollouts(archive, run.depends_on), written)
+    _drop_rollouts_no_longer_needed(runs, finished, archive)
     seeds_checked = set()
     for sub in (SHARED, CHECKS_DIR):
         src = os.path.join(out, sub)
@@ -144,6 +144,20 @@ def pack(runs: Sequence[Run], out: str, archive: str, *, shipped_dir: str | None
         os.replace(f"{path}.tmp", path)
         written.append(path)
     return written
+
+
+def _drop_rollouts_no_longer_needed(runs: Sequence[Run], finished: set[str], archive: str) -> None:
+    """Removes from `archive` the rollouts packed for offline arms that have all finished since (the module
+    docstring: no rollouts of finished runs are kept)."""
+    offline = [run for run in runs if run.depends_on]
+    pending = {run.depends_on for run in offline if run.workdir not in finished}
+    for source in {run.depends_on for run in offline} - pending:
+        shutil.rmtree(_archived_rollouts(archive, source), ignore_errors=True)
+
+
+def _archived_rollouts(archive: str, source: str) -> str:
+    """Where `archive` keeps the rollouts of the run in `source` (`runs/{name}/rollouts`)."""
+    return os.path.join(archive, "runs", os.path.basename(source), os.path.basename(rollouts_dir(source)))
 
 
 def _pack_pretraining(used: Iterable[str], archive: str, manifest: dict, written: list[str]) -> None:
