@@ -5,7 +5,14 @@ import math
 
 import pytest
 
-from rltldr_jax.replication.preregistered import analyse, analysis_markdown, arm_table, column, read_results
+from rltldr_jax.replication.preregistered import (
+    analyse,
+    analysis_markdown,
+    arm_table,
+    beside,
+    column,
+    read_results,
+)
 from rltldr_jax.replication.stats import mean_bootstrap, paired_tost
 
 
@@ -83,3 +90,22 @@ def test_results_csv_round_trip(tmp_path):
     path = str(tmp_path / "results.csv")
     write_csv(path, ["arm", "seed", column("tier2", "selected"), "workdir"], [["rltldr", 3, 0.25, "runs/x"]])
     assert read_results(path) == {"rltldr": {3: {column("tier2", "selected"): 0.25}}}
+
+
+def test_an_added_arm_is_reported_beside_its_reference_outside_the_preregistered_analysis():
+    from rltldr_jax.config import replicate_v2 as v2
+
+    table = dict(_table())
+    sel = column("tier2", "selected")
+    table["rltldr_lora"] = {0: {sel: 0.2}, 1: {sel: 0.5}, 2: {sel: 0.4}, 7: {sel: 0.9}}  # seed 7: no rltldr to pair
+    numbers = {n.what: n for n in beside(table, "rltldr_lora", "rltldr")}
+    diff = numbers["tier2 selected: rltldr_lora − rltldr"]
+    assert diff.interval.diff == pytest.approx((-0.1 + 0.1 - 0.1) / 3) and diff.interval.n == 3
+    assert diff.role == "not pre-registered" and diff.decision == ""
+    assert math.isnan(numbers["valid selected: rltldr_lora − rltldr"].interval.diff)  # no values: NaN, not 0
+    text = v2.analysis(table, None)
+    pre_registered, added = text.split("## Not pre-registered: rltldr_lora beside rltldr")
+    assert "rltldr_lora" not in pre_registered  # (the pre-registered tables hold only pre-registered arms)
+    assert "| not pre-registered | tier2 selected: rltldr_lora − rltldr | -3.3 |" in added
+    assert "| rltldr_lora | 4 | – | – | 50.0 [" in added
+    assert "rltldr_lora" not in v2.analysis(_table(), None)  # (no section without the arm's runs)

@@ -45,8 +45,9 @@ DEFAULT_LAMBDA = 0.5
 ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "rltldr": (None, {}),
     # Not pre-registered, not in the default grid (added after it started): `rltldr` training rank-8 LoRA adapters
-    # (α = 16) on every projection instead of every weight, on rltldr's seeds, reported beside it. Run it with
-    # `--arms=rltldr_lora` into the same --out.
+    # (α = 16) on every projection instead of every weight, on rltldr's seeds, reported beside it. The grid's install
+    # predates LoRA, so it runs from a later one in its own directory beside that install's rltldr on the same seeds
+    # (`--arms=rltldr,rltldr_lora --out=runs/replicate_v2_lora`; docs/replication/v2/lora/README.md).
     "rltldr_lora": (None, {"model.lora.rank": 8}),
     # Insights of the form and token length of real ones that name neither a tool nor a gated item.
     "strict_control": (None, {"insight.source": "uninformative"}),
@@ -66,8 +67,17 @@ ARMS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "sftldr": ("sftldr", {}),
 }
 
+#: Arms added after the pre-registration: arm -> (the arm it is reported beside, what it is). results.md gives each
+#: its own section (its differences from that arm on every tier), apart from the pre-registered analysis.
+ADDED_ARMS: dict[str, tuple[str, str]] = {
+    "rltldr_lora": (
+        "rltldr",
+        "`rltldr` training rank-8 LoRA adapters (α = 16, every projection) instead of every weight",
+    ),
+}
+
 #: The arms of the pre-registered grid (docs/replication/v2/preregistration.md), in the report's order.
-PREREGISTERED_ARMS = tuple(a for a in ARMS if a != "rltldr_lora")
+PREREGISTERED_ARMS = tuple(a for a in ARMS if a not in ADDED_ARMS)
 
 #: Seeds per arm of the grid: 20 for RLTL;DR and the strict control (the primary comparison), 10 for each λ arm and
 #: the shuffled control, 3 for the arms expected at 0 (GRPO) and the offline baselines.
@@ -187,7 +197,7 @@ def analysis(table, base) -> str:
     curve)."""
     from rltldr_jax.replication import preregistered as pre
 
-    arms = list(ARMS)
+    arms = list(PREREGISTERED_ARMS)
     parts = [
         "## Pre-registered analysis (docs/replication/v2/preregistration.md)",
         "",
@@ -198,4 +208,17 @@ def analysis(table, base) -> str:
     for measure in ("selected", "final", "auc"):
         parts += ["", f"### No-insight Pass@1 (%) per tier, {measure}: mean [95 % CI] over seeds", ""]
         parts.append(pre.arm_table(table, arms, measure))
+    for arm, (reference, what) in ADDED_ARMS.items():
+        if arm not in table:
+            continue
+        parts += [
+            "",
+            f"## Not pre-registered: {arm} beside {reference}",
+            "",
+            f"{what}. Added after the grid started; differences in points, paired by seed, no decision.",
+            "",
+            pre.analysis_markdown(pre.beside(table, arm, reference)),
+            "",
+            pre.arm_table(table, [reference, arm]),
+        ]
     return "\n".join(parts)

@@ -145,6 +145,19 @@ def analyse(table: Table, base: Mapping[int, Mapping[str, float]] | None = None)
     return out
 
 
+def beside(table: Table, arm: str, reference: str, measure: str = PRIMARY_MEASURE) -> list[Number]:
+    """`arm` minus `reference` on every tier under `measure`, paired by seed, with 95 % bootstrap intervals: an arm
+    added after the pre-registration (e.g. `rltldr_lora` beside `rltldr`), reported with no decision."""
+    return [
+        Number(
+            "not pre-registered",
+            f"{tier} {measure}: {arm} − {reference}",
+            _difference(table, arm, reference, column(tier, measure)),
+        )
+        for tier in TIERS
+    ]
+
+
 def arm_table(table: Table, arms: Sequence[str], measure: str = PRIMARY_MEASURE) -> str:
     """Markdown: per arm, seeds and each tier's mean with its 95 % bootstrap interval, in %, under `measure`."""
     lines = [
