@@ -5,6 +5,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -62,6 +63,32 @@ def test_a_run_is_probed_at_the_base_policy_and_every_kept_checkpoint(tiny_polic
     with pytest.raises(ValueError, match=r"no checkpoint of step\(s\) \[7\]"):
         probe_run(str(workdir), base_dir, tasks, builder, plans=world_plans("forge"), steps=[7])
     assert os.path.isdir(workdir / "checkpoints")
+
+
+def test_a_lora_runs_checkpoints_are_probed_as_the_merged_policy(tiny_policy, builder, tmp_path):
+    from rltldr_jax.models.lora import LoraSpec, attach, linear_layers, merged
+
+    model, _ = tiny_policy
+    base_dir = str(tmp_path / "base")
+    save_pretrained(model, base_dir)
+    graphdef, state = nnx.split(model)
+    adapted = attach(nnx.merge(graphdef, state), LoraSpec(rank=2))
+    for _, layer in linear_layers(adapted):  # (B = 0 at start: give the adapters an update to measure)
+        if layer.lora is not None:
+            layer.lora.lora_b.value = jnp.full_like(layer.lora.lora_b.value, 0.05)
+    workdir = tmp_path / "run"
+    ckpt = Checkpointer(str(workdir / "checkpoints"), keep=None, async_save=False)
+    run_config = {"model": {"lora": {"rank": 2, "alpha": 16.0, "targets": "", "dropout": 0.0}}}
+    ckpt.save(
+        5, params=nnx.state(adapted), opt_state=None, rng=None, model_config=model.config, meta={"config": run_config}
+    )
+    ckpt.close()
+    tasks = {"tier3": load_tasks("forge", "tier3")[:2]}
+    rows = probe_run(str(workdir), base_dir, tasks, builder, plans=world_plans("forge"), batch_size=2)
+    expected = drift(nnx.state(merged(adapted), nnx.Param), nnx.state(model, nnx.Param))
+    assert expected > 0 and rows[1]["drift"] == pytest.approx(expected, rel=1e-5)
+    scores = plan_scores(adapted, builder, tasks["tier3"], world_plans("forge"), batch_size=2)
+    assert rows[1]["oracle_logprob"] == pytest.approx(scores["oracle"].mean(), rel=1e-5)
 
 
 def test_the_launcher_refuses_what_is_not_a_grid(tmp_path):

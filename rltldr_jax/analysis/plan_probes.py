@@ -109,6 +109,7 @@ def probe_run(
     """The probe rows of one run (module docstring): the base policy (step 0, `base_checkpoint`: an HF directory)
     and each kept checkpoint of `{workdir}/checkpoints` (or `steps` of them), on every set of `sets`."""
     from rltldr_jax.checkpoint import Checkpointer, load_model
+    from rltldr_jax.models.lora import merged
 
     if set(plans) != {"oracle", "public"}:
         raise ValueError(f"plans must be oracle and public, got {sorted(plans)}")
@@ -129,7 +130,8 @@ def probe_run(
     rows: list[dict[str, Any]] = []
     for step in [0, *kept]:
         model = base_model if step == 0 else load_model(f"{ckpt_dir}:{step}")[0]
-        moved = 0.0 if step == 0 else drift(nnx.state(model, nnx.Param), base_params)
+        # (a LoRA run's checkpoint holds adapters: its drift is the merged policy's, W + (α/r)·A·B, from the base)
+        moved = 0.0 if step == 0 else drift(nnx.state(merged(model), nnx.Param), base_params)
         for name, tasks in sets.items():
             scores = plan_scores(model, builder, tasks, plans, **kwargs)
             gap = scores["oracle"] - scores["public"]
