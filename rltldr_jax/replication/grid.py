@@ -14,8 +14,10 @@ than asked for (`stale_reason`) is never reused: it is refused (`StaleRunError`)
 resume with the new settings.
 
 `summary.json` holds the run's final evaluation: no-insight Pass@1 on held-in training tasks and held-out tasks,
-the with-insight Pass@1 of its last training phases, environment steps and walltime, and the config it was trained
-with. `finished_runs(out)` reads every finished run of a grid directory, whichever process ran it.
+the with-insight Pass@1 of its last training phases, environment steps and walltime, the config it was trained
+with, and the machine of each of its starts (`hosts`: a seed is the same run bit for bit only on the same kind of
+machine, rltldr_jax/host.py). `finished_runs(out)` reads every finished run of a grid directory, whichever
+process ran it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rltldr_jax import strict_json
+from rltldr_jax.host import read_hosts
 from rltldr_jax.replication.measures import eval_measures
 from rltldr_jax.settings import Settings, as_dict, replace
 from rltldr_jax.train.resume import MISSING, ConfigChangeError, config_changes, is_free, run_contents
@@ -307,6 +310,7 @@ def summarize_run(run: Run, *, walltime_s: float, sft_metrics: Mapping[str, floa
             evals, select_on=f"eval_{run.config.eval.select_on}/pass@1/all" if run.config.eval.select_on else None
         ),
         "config": json.loads(json.dumps(as_dict(run.config), default=str)),
+        "hosts": read_hosts(run.workdir),  # the machine of each start of the run (rltldr_jax/host.py)
         **({"rollouts_of": (read_summary(run.depends_on) or {}).get("digest")} if run.depends_on else {}),
     }
 

@@ -19,6 +19,9 @@ non-finite value; the loggers get the same metrics by the same names.
   id is kept in `{workdir}/wandb_run.json`. `wandb` is imported only when it is on; validation checks it is installed.
 - `{workdir}/config.json`: every key of the run's config, written at the start and rewritten when a resumed run's
   config differs (the trainer logs the changed keys).
+- `{workdir}/hosts.jsonl` (rltldr_jax/host.py): the machine of each start (processor features, device kinds, jax and
+  jaxlib), with a warning when a run resumes on another kind of machine (it is then not bit-identical to an
+  uninterrupted run).
 
 Only process 0 of a multi-process job writes any of them.
 """
@@ -36,6 +39,7 @@ from typing import Any, Protocol
 
 from rltldr_jax import strict_json
 from rltldr_jax.distributed import is_main_process
+from rltldr_jax.host import HOSTS_FILE, record_start
 from rltldr_jax.settings import Logging, Settings, as_dict
 from rltldr_jax.train.summary import SummaryWriter
 
@@ -242,7 +246,8 @@ def open_loggers(
 ) -> Loggers:
     """The run's loggers (module docstring): W&B when `config.logging.wandb` (opened first: if it fails, no event
     file is left behind), TensorBoard in `{workdir}/tb` with the config as hparams, then `{workdir}/config.json`
-    saved. Only process 0 writes, unless `enabled` says otherwise.
+    saved and this start's machine appended to `{workdir}/hosts.jsonl`. Only process 0 writes, unless `enabled`
+    says otherwise.
 
     Args:
       resume: a resumed run (continues its W&B run).
@@ -277,6 +282,15 @@ def open_loggers(
         )
         if enabled and save_config(config, workdir) and resume:
             log.info("%s rewritten with the resumed run's config", os.path.join(workdir, CONFIG_FILE))
+        if enabled:
+            changed = record_start(workdir, from_step=resumed_at[0] if resumed_at else 0)
+            if changed and resume:
+                log.warning(
+                    "resumed on another kind of machine (%s): the run goes on, but from here it is not bit for bit "
+                    "what an uninterrupted run would have computed (%s)",
+                    "; ".join(changed),
+                    os.path.join(workdir, HOSTS_FILE),
+                )
     except BaseException as e:
         with contextlib.suppress(Exception):  # (the error that stopped the start is the one to see)
             Loggers(loggers).close(e)
