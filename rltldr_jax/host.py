@@ -50,32 +50,34 @@ ISA_FEATURES = (
 NUMERIC_KEYS = ("machine", "cpu_isa", "backend", "devices", "jax", "jaxlib", "xla_flags")
 
 
-def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
-    """The `ISA_FEATURES` the processor has, from Linux's `cpuinfo` ("flags" on x86, "Features" on Arm); [] where it
-    cannot be read (another OS)."""
+def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """The first value of each field of Linux's `cpuinfo` (keys lower-cased); {} where it cannot be read."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
-        return []
+        return {}
+    fields: dict[str, str] = {}
     for line in lines:
         key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            have = set(value.split())
-            return [feature for feature in ISA_FEATURES if feature in have]
-    return []
+        fields.setdefault(key.strip().lower(), value.strip())
+    return fields
+
+
+def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The `ISA_FEATURES` the processor has, from Linux's `cpuinfo` ("flags" on x86, "Features" on Arm); [] where it
+    cannot be read (another OS)."""
+    fields = _cpuinfo_fields(cpuinfo)
+    have = set((fields.get("flags") or fields.get("features") or "").split())
+    return [feature for feature in ISA_FEATURES if feature in have]
 
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The processor's model name ("AMD EPYC ..."), or `platform.processor()` where cpuinfo has none."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip().lower() in ("model name", "cpu model", "hardware"):
-                    return value.strip()
-    except OSError:
-        pass
+    fields = _cpuinfo_fields(cpuinfo)
+    for key in ("model name", "cpu model", "hardware"):
+        if fields.get(key):
+            return fields[key]
     return platform.processor() or platform.machine()
 
 
