@@ -9,6 +9,7 @@ reasons for each choice; they are re-exported here.
 """
 
 from rltldr_jax.config.replicate_v2 import (  # noqa: F401
+    ARM_DIRS,
     ARMS,
     CHECKS,
     DEFAULT_LAMBDA,

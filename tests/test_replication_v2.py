@@ -85,36 +85,86 @@ def test_the_evaluation_sets_are_every_tier_whole_and_the_same_for_every_seed():
     assert [len(sets[s]) for s in sets] == [140, 168, 144, 180, 144]
 
 
+def _v2_summary(arm, seed, tier2, workdir):
+    """A finished run's summary.json of the second round, no-insight Pass@1 `tier2` on tier 2, 0 elsewhere."""
+    measures = {
+        m: {f"eval_{t}/pass@1/all": tier2 if t == "tier2" else 0.0 for t in v2.EVAL_SPLITS.split(",")}
+        for m in ("final", "selected", "auc")
+    }
+    return {
+        "arm": arm,
+        "seed": seed,
+        "train_pass1_no_insight": 0.0,
+        "heldout_pass1_no_insight": tier2,
+        "train_pass1_insight": 0.0,
+        "env_steps": 64,
+        "walltime_s": 1.0,
+        "lam": 0.5,
+        "workdir": str(workdir),
+        "measures": measures,
+        "evals": [],
+    }
+
+
 def test_the_report_holds_the_preregistered_analysis(tmp_path):
     """write_results with the grid's `analysis`: the section, its numbers from results.csv's columns."""
     from rltldr_jax.replication.report import write_results
 
-    def summary(arm, seed, tier2):
-        measures = {
-            m: {f"eval_{t}/pass@1/all": tier2 if t == "tier2" else 0.0 for t in v2.EVAL_SPLITS.split(",")}
-            for m in ("final", "selected", "auc")
-        }
-        return {
-            "arm": arm,
-            "seed": seed,
-            "train_pass1_no_insight": 0.0,
-            "heldout_pass1_no_insight": tier2,
-            "train_pass1_insight": 0.0,
-            "env_steps": 64,
-            "walltime_s": 1.0,
-            "lam": 0.5,
-            "workdir": str(tmp_path / f"{arm}-{seed}"),
-            "measures": measures,
-            "evals": [],
-        }
-
-    summaries = [summary("rltldr", s, 0.3 + 0.1 * s) for s in range(3)]
-    summaries += [summary("strict_control", s, 0.1) for s in range(3)]
+    summaries = [_v2_summary("rltldr", s, 0.3 + 0.1 * s, tmp_path / f"rltldr-{s}") for s in range(3)]
+    summaries += [_v2_summary("strict_control", s, 0.1, tmp_path / f"strict_control-{s}") for s in range(3)]
     paths = write_results(summaries, {}, str(tmp_path), analysis=v2.analysis)
     text = open(os.path.join(tmp_path, "results.md"), encoding="utf-8").read()
     assert any(p.endswith("results.md") for p in paths)
     assert "## Pre-registered analysis" in text
     assert "| primary | tier2 selected: rltldr − strict_control | +30.0 | [+20.0, +40.0] | 3 | reproduced |" in text
+
+
+def test_an_arm_kept_beside_the_grid_is_reported_from_there(tmp_path):
+    """`ARM_DIRS`: `rltldr_lora` runs in runs/replicate_v2_lora (a later install than the grid's, with an `rltldr`
+    twin of seed 0); `--report` on the grid's directory reads rltldr_lora's runs from there and nothing else of that
+    directory, refuses a copy of them in the grid's directory, and the launcher refuses to run the arm there."""
+    import csv
+    import json
+
+    from helpers import launch
+
+    grid, beside = tmp_path / "replicate_v2", tmp_path / v2.ARM_DIRS["rltldr_lora"]
+
+    def finished(out, arm, seed, tier2):
+        workdir = out / "runs" / f"{arm}-s{seed}"
+        workdir.mkdir(parents=True)
+        (workdir / "summary.json").write_text(json.dumps(_v2_summary(arm, seed, tier2, workdir)), encoding="utf-8")
+
+    for seed in range(3):
+        finished(grid, "rltldr", seed, 0.3 + 0.1 * seed)
+        finished(grid, "strict_control", seed, 0.1)
+        finished(beside, "rltldr_lora", seed, 0.2 + 0.1 * seed + (0.1 if seed == 2 else 0.0))
+    finished(beside, "rltldr", 0, 0.9)  # the twin: not the grid's rltldr seed 0, never in the grid's report
+    report = ("--config=configs/replicate_v2.py", f"--out={grid}", "--report")
+    done = launch("replicate", *report)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(grid / "results.csv", encoding="utf-8") as f:
+        rows = {(r["arm"], int(r["seed"])): r["workdir"] for r in csv.DictReader(f)}
+    assert rows[("rltldr", 0)] == os.path.join("runs", "rltldr-s0")
+    assert rows[("rltldr_lora", 2)] == os.path.join("..", "replicate_v2_lora", "runs", "rltldr_lora-s2")
+    assert sorted(rows) == sorted((arm, s) for arm in ("rltldr", "strict_control", "rltldr_lora") for s in range(3))
+    text = (grid / "results.md").read_text(encoding="utf-8")
+    added = text.split("## Not pre-registered: rltldr_lora beside rltldr")[1]
+    # paired by seed with the grid's rltldr (not the twin): -10, -10, 0 points
+    assert "| not pre-registered | tier2 selected: rltldr_lora − rltldr | -6.7 |" in added
+    assert "| primary | tier2 selected: rltldr − strict_control | +30.0 |" in text  # (the grid's rltldr)
+    # a run of the arm in the grid's directory too: refused in one line, naming both places
+    finished(grid, "rltldr_lora", 0, 0.5)
+    done = launch("replicate", *report)
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {grid}/runs/rltldr_lora-s0: rltldr_lora's runs are kept in {beside}"), line
+    # running the arm in the grid's directory: refused before anything runs
+    done = launch("replicate", "--config=configs/replicate_v2.py", f"--out={grid}", "--arms=rltldr_lora", "--seeds=5")
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"error: rltldr_lora's runs are kept in {beside}, not in {grid}: --out={beside}", line
+    assert not (grid / "runs" / "rltldr_lora-s5").exists() and not (tmp_path / "pretrained").exists()
 
 
 @pytest.mark.slow

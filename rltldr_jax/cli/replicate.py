@@ -41,7 +41,11 @@ held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), bas
 A grid longer than a machine's life moves in pieces: `--pack=DIR` copies what has finished (summaries, metrics, probes,
 base checks, base policies: a few MB, `replication/archive.py`) to DIR and exits; on the next machine `--unpack=DIR`
 puts it back into the same `--out` (the same absolute path: runs record their base policy's path) and exits; the
-plain command then runs only what is missing.
+plain command then runs only what is missing. `--report` writes the report from what has finished and exits.
+
+A config's `ARM_DIRS` (arm -> a directory beside `--out`) keeps an arm's runs apart from the grid's: the report reads
+them from there, and the launcher runs them only with that directory as `--out` (round two's `rltldr_lora`, run from
+a later install than the grid's, in runs/replicate_v2_lora).
 """
 
 from __future__ import annotations
@@ -87,6 +91,12 @@ _RESTART = flags.DEFINE_bool(
     "{workdir}.old-<time>; without it the command refuses them. Runs made with these settings are kept.",
 )
 
+_REPORT = flags.DEFINE_bool(
+    "report",
+    False,
+    "Write the report (results.csv, results.md, curves) from the finished runs and base checks in --out (and the "
+    "config's ARM_DIRS beside it) and exit. Runs nothing.",
+)
 _PACK = define_path(
     "pack",
     None,
@@ -150,14 +160,34 @@ def main(argv: list[str]) -> None:
     if _PACK.value or _UNPACK.value:
         _archive(configs, out)
         return
+    # Arms kept in another grid directory, beside `out` (e.g. one run from a later install than the grid's).
+    elsewhere = {arm: os.path.join(os.path.dirname(out), d) for arm, d in getattr(grid, "ARM_DIRS", {}).items()}
+    from rltldr_jax.replication.driver import GridError, run_replication, write_report
+
+    title = f"Small-scale replication ({preset})"
+    if _REPORT.value:
+        sizes = getattr(grid, "CHECKS", {}).get(preset) or {}
+        try:
+            paths = write_report(
+                out,
+                order=list(grid.ARMS),
+                title=title,
+                n_tasks=sizes.get("num_tasks"),
+                analysis=getattr(grid, "analysis", None),
+                elsewhere=elsewhere,
+                echo=lambda line: print(line, flush=True),
+            )
+        except GridError as e:
+            sys.exit(f"error: {e}")
+        for p in paths:
+            print(f"  {p}")
+        return
     # The grid's runs compile the same programs (every arm: the loss coefficients are traced): each is compiled once,
     # by the first run that needs it, into the compilation cache (compile.cache_dir) that every run process reads.
     use_compile_cache(_CONFIG.value.compile.cache_dir)
     if not _VERBOSE.value:
         for name in ("rltldr_jax.train.loop", "rltldr_jax.train.sft"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    from rltldr_jax.replication.driver import GridError, run_replication
-
     interactive = sys.stderr.isatty()
     jobs = _JOBS.value if _JOBS.value is not None else getattr(grid, "JOBS", {}).get(preset, 1)
     if jobs < 0:
@@ -166,10 +196,11 @@ def main(argv: list[str]) -> None:
         paths = run_replication(
             configs,
             out,
-            title=f"Small-scale replication ({preset})",
+            title=title,
             checks=getattr(grid, "CHECKS", {}).get(preset),
             order=list(grid.ARMS),
             analysis=getattr(grid, "analysis", None),
+            elsewhere=elsewhere,
             restart=_RESTART.value,
             jobs=jobs,
             progress=interactive,

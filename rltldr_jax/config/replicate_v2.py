@@ -76,6 +76,12 @@ ADDED_ARMS: dict[str, tuple[str, str]] = {
     ),
 }
 
+#: Arms whose runs are kept in another grid directory than the grid's: arm -> that directory's name, beside the
+#: grid's `--out` (runs/replicate_v2_lora beside runs/replicate_v2). The report reads their finished runs from
+#: there; the launcher refuses to run them in the grid's directory. `rltldr_lora` runs from a later install than the
+#: grid's, with its own `rltldr` twin of seed 0 (not read into the grid's report).
+ARM_DIRS: dict[str, str] = {"rltldr_lora": "replicate_v2_lora"}
+
 #: The arms of the pre-registered grid (docs/replication/v2/preregistration.md), in the report's order.
 PREREGISTERED_ARMS = tuple(a for a in ARMS if a not in ADDED_ARMS)
 

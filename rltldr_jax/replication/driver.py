@@ -48,6 +48,7 @@ from rltldr_jax.compile_cache import enable_compile_cache
 from rltldr_jax.progress import Board, attach, child_line
 from rltldr_jax.replication.checks import base_checks
 from rltldr_jax.replication.grid import (
+    ArmElsewhereError,
     Run,
     finished_runs,
     plan_runs,
@@ -514,14 +515,22 @@ def write_report(
     title: str = "",
     n_tasks: int | None = None,
     analysis: Analysis | None = None,
+    elsewhere: Mapping[str, str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
     """results.csv, results.md, curves.png and insight_curves.png from every finished run and base check in `out`
     (`grid.finished_runs`, `saved_checks`), whichever launcher made them; returns the paths written (none when no
     run has finished: an existing report is kept). Launchers sharing `out` write one at a time, each file replaced
-    whole."""
+    whole. `elsewhere` (arm -> another grid directory) reads those arms' runs from there (`arms_elsewhere`).
+
+    Raises:
+      GridError: `out` also holds a run of an arm kept elsewhere."""
+    elsewhere = arms_elsewhere(out, elsewhere)
     with held(os.path.join(out, LOCKS, "report"), "the report", echo):
-        summaries = finished_runs(out, order)
+        try:
+            summaries = finished_runs(out, order, elsewhere)
+        except ArmElsewhereError as e:
+            raise GridError(str(e)) from None
         if not summaries:
             echo(f"no finished run in {out} yet: no report written")
             return []
@@ -532,6 +541,13 @@ def write_report(
             replaced(os.path.join(out, "insight_curves.png"), lambda p: plot_curves(mean_curves(curves, n), p))
         )
     return paths
+
+
+def arms_elsewhere(out: str, elsewhere: Mapping[str, str] | None) -> dict[str, str]:
+    """`elsewhere` (arm -> the grid directory its runs are kept in) less the arms kept in `out` itself (a launcher
+    running such an arm in its own directory reads it from there as from any grid)."""
+    here = os.path.realpath(out)
+    return {arm: d for arm, d in (elsewhere or {}).items() if os.path.realpath(d) != here}
 
 
 def run_replication(
@@ -545,12 +561,15 @@ def run_replication(
     jobs: int = 1,
     progress: bool | IO[str] = False,
     analysis: Analysis | None = None,
+    elsewhere: Mapping[str, str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
     """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report of every finished
     run there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks);
     `order` is the arms' order in the report (default: `configs`' order); `analysis` a pre-registered analysis
-    section of results.md (`report.write_results`). Every step is cached or resumable, so a
+    section of results.md (`report.write_results`); `elsewhere` (arm -> another grid directory) names arms whose runs
+    are kept in another directory: the report reads them from there, and `configs` may not run them in `out`. Every
+    step is cached or resumable, so a
     second call only does what is missing; other launchers may share `out` (module docstring). `jobs` pieces (a
     seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
     results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x
@@ -566,6 +585,14 @@ def run_replication(
     """
     if jobs < 0:
         raise ValueError(f"jobs={jobs}: give a number of processes >= 1, or 0 for one per CPU core (at most 4)")
+    elsewhere = arms_elsewhere(out, elsewhere)
+    misplaced = sorted({arm for arm, _ in configs if arm in elsewhere})
+    if misplaced:
+        raise GridError(
+            "; ".join(
+                f"{arm}'s runs are kept in {elsewhere[arm]}, not in {out}: --out={elsewhere[arm]}" for arm in misplaced
+            )
+        )
     jobs = jobs or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4)
     sizes = dict(checks or {})
     configs = resolve_base_policies(dict(configs))
@@ -678,7 +705,15 @@ def run_replication(
     with board if board is not None else contextlib.nullcontext():
         run_tasks(tasks, jobs)
     order = list(order) or list(dict.fromkeys(arm for arm, _ in configs))
-    paths = write_report(out, order=order, title=title, n_tasks=sizes.get("num_tasks"), analysis=analysis, echo=echo)
+    paths = write_report(
+        out,
+        order=order,
+        title=title,
+        n_tasks=sizes.get("num_tasks"),
+        analysis=analysis,
+        elsewhere=elsewhere,
+        echo=echo,
+    )
     echo(f"grid done in {(time.time() - t0) / 60:.1f} min")
     if failed:
         raise GridError(

@@ -30,7 +30,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rltldr_jax import strict_json
@@ -224,21 +224,51 @@ def stale_message(run: Run, why: str, *, stopped: bool = False) -> str:
 _RUN_DIR = re.compile(r"(?P<arm>.+)-s(?P<seed>\d+)")
 
 
-def finished_runs(out: str, order: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The summaries of every finished run under `out` (whichever process ran it), one per (arm, seed), sorted by
-    seed, then by the arms' place in `order` (arms not in it after, by name).
-
-    A run's directory is `{out}/runs/{arm}-s{seed}` (old runs moved aside, `....old-<time>`, are not read); an arm
-    that shared another arm's run (`{out}/shared/`) gets that run's summary under its own name, as long as the run
-    is still the one it shared (not redone since). `workdir` is where the run is now."""
-    found: dict[tuple[str, int], dict[str, Any]] = {}
-    by_dir: dict[str, dict[str, Any]] = {}
+def _finished_in(out: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(directory name, summary with its `workdir`) of each finished run in `{out}/runs`, by name."""
     runs = os.path.join(out, "runs")
     for name in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
         m = _RUN_DIR.fullmatch(name)
         summary = read_summary(os.path.join(runs, name)) if m else None
         if summary is not None and (summary.get("arm"), summary.get("seed")) == (m["arm"], int(m["seed"])):
-            found[(m["arm"], int(m["seed"]))] = by_dir[name] = {**summary, "workdir": os.path.join(runs, name)}
+            yield name, {**summary, "workdir": os.path.join(runs, name)}
+
+
+class ArmElsewhereError(ValueError):
+    """A run of an arm whose runs are kept in another grid directory (`finished_runs`' `elsewhere`) is also in
+    `out`: one line names both places and the fix."""
+
+
+def finished_runs(
+    out: str, order: Sequence[str] = (), elsewhere: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The summaries of every finished run under `out` (whichever process ran it), one per (arm, seed), sorted by
+    seed, then by the arms' place in `order` (arms not in it after, by name).
+
+    A run's directory is `{out}/runs/{arm}-s{seed}` (old runs moved aside, `....old-<time>`, are not read); an arm
+    that shared another arm's run (`{out}/shared/`) gets that run's summary under its own name, as long as the run
+    is still the one it shared (not redone since). `workdir` is where the run is now.
+
+    `elsewhere` (arm -> another grid directory) reads those arms' runs from there instead, and only theirs (e.g. an
+    arm run from a later install beside a frozen grid: the other directory's runs of other arms are not read).
+
+    Raises:
+      ArmElsewhereError: `out` also holds a finished run of an arm in `elsewhere`."""
+    elsewhere = dict(elsewhere or {})
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    by_dir: dict[str, dict[str, Any]] = {}
+    for name, summary in _finished_in(out):
+        arm = summary["arm"]
+        if arm in elsewhere:
+            raise ArmElsewhereError(
+                f"{summary['workdir']}: {arm}'s runs are kept in {elsewhere[arm]}, not in {out}; move this run "
+                f"into {os.path.join(elsewhere[arm], 'runs')} (or aside) so the report has one place for them"
+            )
+        found[(arm, summary["seed"])] = by_dir[name] = summary
+    for directory in sorted(set(elsewhere.values())):
+        for _, summary in _finished_in(directory):
+            if elsewhere.get(summary["arm"]) == directory:
+                found[(summary["arm"], summary["seed"])] = summary
     shared = os.path.join(out, SHARED)
     for name in sorted(os.listdir(shared)) if os.path.isdir(shared) else []:
         if name.endswith(".json"):
