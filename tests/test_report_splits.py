@@ -4,12 +4,13 @@ round one's runs (no sets) keep their columns."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 
 import pytest
 
-from rltldr_jax.replication.report import COLUMNS, split_columns, split_names_of, write_results
+from rltldr_jax.replication.report import COLUMNS, split_columns, split_curves, split_names_of, write_results
 
 
 def _summary(arm: str, seed: int, tier2: float, workdir: str, *, tiers: bool = True) -> dict:
@@ -81,3 +82,27 @@ def test_the_checks_line_shows_each_evaluation_set():
     assert "held-in 0.0 %, held-out 0.0 %, tier3 12.5 %, public-rule tasks 90.0 %" in line, line
     del checks["tier3_pass@1"]
     assert "held-out 0.0 %, public-rule tasks 90.0 %" in checks_line(checks)  # round one's line, unchanged
+
+
+def test_split_curves_per_set_with_every_seed_cut_to_the_evaluations_all_have(tmp_path):
+    """split_curves.png's data: per RL arm, the evaluations' env steps and each seed's Pass@1 on one set, cut to the
+    evaluations every seed has (a seed stopped early has fewer); offline arms (no env steps) have no curve."""
+    out = str(tmp_path)
+
+    def run(arm, seed, tier2, env_steps=64):
+        workdir = os.path.join(out, "runs", f"{arm}-s{seed}")
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+            for i, value in enumerate(tier2):
+                f.write(json.dumps({"kind": "phase", "env_steps": 32 * i + 16}) + "\n")
+                f.write(json.dumps({"kind": "eval", "env_steps": 32 * i, "eval_tier2/pass@1/all": value}) + "\n")
+        return {**_summary(arm, seed, tier2[-1], workdir), "env_steps": env_steps}
+
+    summaries = [run("rltldr", 0, [0.0, 0.25, 0.5]), run("rltldr", 1, [0.0, 0.5]), run("sftldr", 0, [0.1], 0)]
+    curves = split_curves(summaries, "tier2")
+    assert list(curves) == ["rltldr"]
+    steps, ys = curves["rltldr"]
+    assert steps.tolist() == [0.0, 32.0] and ys.tolist() == [[0.0, 0.25], [0.0, 0.5]]
+    assert all(math.isnan(v) for v in split_curves(summaries, "tier3")["rltldr"][1].ravel())  # (not measured)
+    paths = write_results(summaries, {}, out)
+    assert os.path.basename(paths[-1]) == "split_curves.png" and os.path.getsize(paths[-1]) > 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from rltldr_jax.replication.stats import paired_bootstrap, tost, unpaired_bootstrap, welch
+from rltldr_jax.replication.stats import bootstrap_band, paired_bootstrap, tost, unpaired_bootstrap, welch
 
 A = [0.30, 0.25, 0.40, 0.35, 0.20]
 B = [0.10, 0.05, 0.15, 0.00, 0.10]
@@ -56,3 +56,17 @@ def test_unpaired_bootstrap_covers_the_difference():
     assert interval.low < interval.diff < interval.high and interval.excludes_zero()
     overlap = unpaired_bootstrap(A, A[::-1], seed=3)
     assert overlap.diff == pytest.approx(0.0) and not overlap.excludes_zero()
+
+
+def test_bootstrap_band_resamples_whole_seeds():
+    # two seeds: a resample's mean is 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4, so the 95 % band is [0, 1] where
+    # the seeds differ by 1, and a point where they agree has no width
+    low, high = bootstrap_band(np.array([[0.0, 0.3, 0.0], [1.0, 0.3, 0.5]]))
+    assert low.tolist() == [0.0, 0.3, 0.0] and high.tolist() == [1.0, 0.3, 0.5]
+    # one set of seeds per resample for every point: two points equal in every seed have the same band
+    ys = np.array([[0.1, 0.1], [0.4, 0.4], [0.2, 0.2], [0.9, 0.9]])
+    low, high = bootstrap_band(ys, seed=5)
+    assert low[0] == low[1] and high[0] == high[1] and low[0] < ys.mean() < high[0]
+    assert all(math.isnan(x) for x in np.concatenate(bootstrap_band(np.array([[0.2, 0.3]]))))  # one seed: none
+    with pytest.raises(ValueError, match=r"\[seeds, points\]"):
+        bootstrap_band(np.array([0.1, 0.2]))

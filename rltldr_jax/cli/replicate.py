@@ -36,7 +36,8 @@ Writes to `--out` (default `runs/{name}` for the config file configs/{name}.py, 
 presets):
 results.csv (one row per arm and seed), results.md (mean ± std over seeds next to the paper's and a toy
 replication's numbers, and the base checks), curves.png (no-insight Pass@1 against environment steps, held-in and
-held-out), insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
+held-out), split_curves.png (a world with evaluation tiers: the same per tier, 95 % bootstrap bands over seeds),
+insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ (each seed's checks).
 
 A grid longer than a machine's life moves in pieces: `--pack=DIR` copies what has finished (summaries, metrics, probes,
 base checks, base policies: a few MB, `replication/archive.py`) to DIR and exits; on the next machine `--unpack=DIR`

@@ -1,6 +1,7 @@
 """The replication's outputs: results.csv (one row per arm and seed), results.md (mean ± std over seeds, next to
-the paper's and a third-party toy replication's numbers), curves.png (no-insight Pass@1 against environment steps)
-and insight_curves.png (Fig. 11 on the base policy).
+the paper's and a third-party toy replication's numbers), curves.png (no-insight Pass@1 against environment steps),
+split_curves.png (the same per evaluation set, with 95 % bootstrap bands over seeds: a world with tiers) and
+insight_curves.png (Fig. 11 on the base policy).
 
     write_results(summaries, base, out)       # summaries: run_one's dicts; base: {seed: base_checks dict}
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
 from rltldr_jax.replication.grid import read_metrics
+from rltldr_jax.replication.stats import bootstrap_band
 
 COLUMNS = (
     "arm",
@@ -300,6 +302,49 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
     return save_figure(fig, path)
 
 
+def split_curves(summaries: Sequence[Mapping[str, Any]], split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per RL arm (offline arms have no environment steps): (env steps [points], no-insight Pass@1 [seeds, points]) on
+    the evaluation set `split` (`eval_{split}/pass@1/all` of each evaluation), cut to the evaluations every seed has."""
+    curves = {}
+    for arm in arm_order(summaries):
+        runs = []
+        for s in summaries:
+            if s["arm"] == arm and s["env_steps"] > 0:
+                evals = [r for r in read_metrics(s["workdir"]) if r["kind"] == "eval"]
+                runs.append(
+                    ([r["env_steps"] for r in evals], [r.get(f"eval_{split}/pass@1/all", math.nan) for r in evals])
+                )
+        n = min((len(steps) for steps, _ in runs), default=0)
+        if n:
+            curves[arm] = (np.asarray(runs[0][0][:n], float), np.asarray([ys[:n] for _, ys in runs], float))
+    return curves
+
+
+def plot_split_curves(summaries: Sequence[Mapping[str, Any]], splits: Sequence[str], path: str) -> str:
+    """split_curves.png: no-insight Pass@1 (%) against environment steps, one panel per evaluation set (a world's
+    tiers), one line per RL arm: the mean over seeds with its 95 % percentile-bootstrap band (whole seeds resampled,
+    `stats.bootstrap_band`; no band for one seed)."""
+    fig = new_figure(4.2 * len(splits), 4.2)
+    styles = ("-", "--", "-.", ":")
+    for j, split in enumerate(splits):
+        ax = fig.add_subplot(1, len(splits), j + 1)
+        for i, (arm, (steps, ys)) in enumerate(split_curves(summaries, split).items()):
+            ys = ys * 100
+            (line,) = ax.plot(steps, ys.mean(0), styles[i % len(styles)], label=f"{arm} (n={len(ys)})")
+            low, high = bootstrap_band(ys)
+            if np.isfinite(low).any():
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.set_xlabel("environment steps")
+        ax.set_ylim(-2, 100)
+        ax.set_title(split)
+        ax.grid(alpha=0.3)
+        if j == 0:
+            ax.set_ylabel("no-insight Pass@1 (%), mean and 95 % CI over seeds")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
 def write_results(
     summaries: Sequence[Mapping[str, Any]],
     base: Mapping[int, Mapping[str, float]],
@@ -309,7 +354,8 @@ def write_results(
     notes: str = "",
     analysis: Analysis | None = None,
 ) -> list[str]:
-    """results.csv, results.md and curves.png in `out`; returns their paths. `analysis` (a grid's pre-registered
+    """results.csv, results.md and curves.png in `out` (and split_curves.png when the runs measured evaluation sets);
+    returns their paths. `analysis` (a grid's pre-registered
     analysis: the results as arm -> seed -> column -> value, and the base checks -> a markdown section) adds its
     section to results.md."""
     summaries = [{**s, "train_pass1_no_insight_best": best_train_pass1(s)} for s in summaries]
@@ -330,7 +376,14 @@ def write_results(
         "",
     ]
     if splits:
-        md += ["## Evaluation sets: no-insight Pass@1 (%)", "", splits_table(summaries, splits), ""]
+        md += [
+            "## Evaluation sets: no-insight Pass@1 (%)",
+            "",
+            splits_table(summaries, splits),
+            "",
+            "Curves per set: split_curves.png (mean over seeds, 95 % percentile-bootstrap band).",
+            "",
+        ]
     if base:
         md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
     if analysis is not None:
@@ -349,4 +402,6 @@ def write_results(
 
     paths.append(replaced(os.path.join(out, "results.md"), write_md))
     paths.append(replaced(os.path.join(out, "curves.png"), lambda p: plot_curves(summaries, base, p)))
+    if splits:
+        paths.append(replaced(os.path.join(out, "split_curves.png"), lambda p: plot_split_curves(summaries, splits, p)))
     return paths

@@ -67,6 +67,24 @@ def mean_bootstrap(values: Sequence[float], *, level: float = 0.95, resamples: i
     return dataclasses.replace(interval, paired=False)
 
 
+def bootstrap_band(
+    values: np.ndarray, *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The percentile-bootstrap interval of the mean over seeds at each point of a curve: `values` [seeds, points]
+    (finite), whole seeds resampled (each resample draws one set of seeds for every point, so a band is the band of
+    curves, not of points drawn apart). Returns (low, high), each [points]; fewer than 2 seeds: NaN."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2:
+        raise ValueError(f"values has shape {v.shape}: give [seeds, points]")
+    if v.shape[0] < 2:
+        nan = np.full(v.shape[1], np.nan)
+        return nan, nan.copy()
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.shape[0], size=(resamples, v.shape[0]))].mean(axis=1)  # [resamples, points]
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return low, high
+
+
 def unpaired_bootstrap(
     a: Sequence[float], b: Sequence[float], *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
 ) -> Interval:
