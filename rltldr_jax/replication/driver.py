@@ -564,20 +564,19 @@ def run_replication(
     elsewhere: Mapping[str, str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
-    """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report of every finished
-    run there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks);
-    `order` is the arms' order in the report (default: `configs`' order); `analysis` a pre-registered analysis
-    section of results.md (`report.write_results`); `elsewhere` (arm -> another grid directory) names arms whose runs
-    are kept in another directory: the report reads them from there, and `configs` may not run them in `out`. Every
-    step is cached or resumable, so a
-    second call only does what is missing; other launchers may share `out` (module docstring). `jobs` pieces (a
-    seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
-    results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x
-    faster with `jobs=2` (one process already keeps 1.1 cores busy, and two slow each other down); more cores gain
-    more. `progress` (True: on stderr, or a text stream) draws the grid's bar (runs ended) and a line per piece going
-    on, with its step and its count and ETA (a run's: environment steps against its budget), and writes `echo`'s
-    lines and the pieces' output (prefixed by their names) above them (`progress.Board`); it changes nothing they
-    compute. Without it (e.g. when stderr is not a terminal) there are only the lines.
+    """Runs the grid `configs` ((arm, seed) -> resolved config) under `out` and writes the report of every finished run
+    there; returns the paths written. `checks` sizes the base checks (`base_checks`' iid_samples, num_tasks); `order` is
+    the arms' order in the report (default: `configs`' order); `analysis` a pre-registered analysis section of
+    results.md (`report.write_results`); `elsewhere` (arm -> another grid directory) names arms whose runs are kept in
+    another directory: the report reads them from there, and `configs` may not run them in `out`. Every step is cached
+    or resumable, so a second call only does what is missing; other launchers may share `out` (module docstring). `jobs`
+    pieces (a seed's base checks, a run; 0: one per CPU core, at most 4) go on at once, each in its own process: a run's
+    results do not depend on `jobs` (every process computes alone). Measured on a 2-core VM: the quick grid 1.2x faster
+    with `jobs=2` (one process already keeps 1.1 cores busy, and two slow each other down); more cores gain more.
+    `progress` (True: on stderr, or a text stream) draws the grid's bar (runs ended) and a line per piece going on, with
+    its step and its count and ETA (a run's: environment steps against its budget), and writes `echo`'s lines and the
+    pieces' output (prefixed by their names) above them (`progress.Board`); it changes nothing they compute. Without it
+    (e.g. when stderr is not a terminal) there are only the lines.
 
     Raises:
       GridError: `out` holds runs or base checks made with other settings (before anything runs; `restart=True`
