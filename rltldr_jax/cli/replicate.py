@@ -42,7 +42,8 @@ insight_curves.png (Fig. 11 on the base policy, mean over seeds), base/s{seed}/ 
 A grid longer than a machine's life moves in pieces: `--pack=DIR` copies what has finished (summaries, metrics, probes,
 base checks, base policies: a few MB, `replication/archive.py`) to DIR and exits; on the next machine `--unpack=DIR`
 puts it back into the same `--out` (the same absolute path: runs record their base policy's path) and exits; the
-plain command then runs only what is missing. `--report` writes the report from what has finished and exits.
+plain command then runs only what is missing. `--status` says where the grid stands (what is done, running, left,
+and the time left; no result) and `--report` writes the report from what has finished; both exit.
 
 A config's `ARM_DIRS` (arm -> a directory beside `--out`) keeps an arm's runs apart from the grid's: the report reads
 them from there, and the launcher runs them only with that directory as `--out` (round two's `rltldr_lora`, run from
@@ -92,6 +93,12 @@ _RESTART = flags.DEFINE_bool(
     "{workdir}.old-<time>; without it the command refuses them. Runs made with these settings are kept.",
 )
 
+_STATUS = flags.DEFINE_bool(
+    "status",
+    False,
+    "Print where the grid in --out stands (per seed: base policy, base checks, runs done / running / started / to do; "
+    "what finished pieces took; the time left) and exit. Reads no result, runs nothing.",
+)
 _REPORT = flags.DEFINE_bool(
     "report",
     False,
@@ -160,6 +167,11 @@ def main(argv: list[str]) -> None:
     quiet_logging()  # (before --pack too: reading a saved pretraining state through orbax logs at INFO)
     if _PACK.value or _UNPACK.value:
         _archive(configs, out)
+        return
+    if _STATUS.value:
+        from rltldr_jax.replication.status import grid_status, status_lines
+
+        print("\n".join(status_lines(grid_status(configs, out), out)))
         return
     # Arms kept in another grid directory, beside `out` (e.g. one run from a later install than the grid's).
     elsewhere = {arm: os.path.join(os.path.dirname(out), d) for arm, d in getattr(grid, "ARM_DIRS", {}).items()}
