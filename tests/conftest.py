@@ -1,10 +1,12 @@
 """Shared set-up: the on-disk compilation cache (for subprocesses too), the SAPI task lists generated once per
-session, the Qwen 3.5 tokenizer (~3 s to build), a tiny policy engine (compiling is the cost), and an opt-in report of
-where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1). Config builders: tests/helpers.py."""
+session, the Qwen 3.5 tokenizer (~3 s to build), a tiny policy engine (compiling is the cost), and opt-in reports of
+where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1) and of the tests that use the most CPU (--cpu-durations=N).
+Config builders: tests/helpers.py."""
 
 import dataclasses
 import functools
 import os
+import resource
 import signal
 
 import jax
@@ -74,7 +76,56 @@ def pytest_runtest_protocol(item, nextitem):
         _current_test[0] = "(between tests)"
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="list the N tests that used the most CPU seconds (user + system of the test's process, all its threads, "
+        "and of the subprocesses it waited for; setup + call + teardown): unlike --durations, a ranking that holds "
+        "on a loaded machine",
+    )
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _measured(phase: str):
+    """A wrapper of the `pytest_runtest_{phase}` hook that records the phase's CPU seconds in the test's
+    user_properties (which pytest-xdist carries from its workers to the process that reports)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def hook(item):
+        start = _cpu_seconds()
+        try:
+            return (yield)
+        finally:
+            item.user_properties.append((f"cpu_s:{phase}", _cpu_seconds() - start))
+
+    return hook
+
+
+pytest_runtest_setup = _measured("setup")
+pytest_runtest_call = _measured("call")
+pytest_runtest_teardown = _measured("teardown")
+_cpu_by_test: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":  # (its user_properties hold every phase's)
+        _cpu_by_test[report.nodeid] = sum(v for k, v in report.user_properties if k.startswith("cpu_s:"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = config.getoption("--cpu-durations")
+    if n and _cpu_by_test:
+        terminalreporter.section(f"the {n} tests that used the most CPU (--cpu-durations)")
+        terminalreporter.line(f"total: {sum(_cpu_by_test.values()):.0f} CPU s over {len(_cpu_by_test)} tests")
+        for nodeid, seconds in sorted(_cpu_by_test.items(), key=lambda kv: -kv[1])[:n]:
+            terminalreporter.line(f"{seconds:8.1f} s  {nodeid}")
     if not _compile_seconds:
         return
     rows = sorted(_compile_seconds.items(), key=lambda kv: -sum(kv[1].values()))
