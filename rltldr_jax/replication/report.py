@@ -302,17 +302,25 @@ def plot_curves(summaries: Sequence[Mapping[str, Any]], base: Mapping[int, Mappi
     return save_figure(fig, path)
 
 
-def split_curves(summaries: Sequence[Mapping[str, Any]], split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _evals(workdir: str) -> list[dict[str, Any]]:
+    """A run's evaluation records (metrics.jsonl)."""
+    return [r for r in read_metrics(workdir) if r["kind"] == "eval"]
+
+
+def split_curves(
+    summaries: Sequence[Mapping[str, Any]], split: str, evals: Mapping[str, list[dict[str, Any]]] | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per RL arm (offline arms have no environment steps): (env steps [points], no-insight Pass@1 [seeds, points]) on
-    the evaluation set `split` (`eval_{split}/pass@1/all` of each evaluation), cut to the evaluations every seed has."""
+    the evaluation set `split` (`eval_{split}/pass@1/all` of each evaluation), cut to the evaluations every seed has.
+    `evals` (workdir -> its evaluation records) spares reading each run's metrics again for every set."""
     curves = {}
     for arm in arm_order(summaries):
         runs = []
         for s in summaries:
             if s["arm"] == arm and s["env_steps"] > 0:
-                evals = [r for r in read_metrics(s["workdir"]) if r["kind"] == "eval"]
+                records = evals[s["workdir"]] if evals is not None else _evals(s["workdir"])
                 runs.append(
-                    ([r["env_steps"] for r in evals], [r.get(f"eval_{split}/pass@1/all", math.nan) for r in evals])
+                    ([r["env_steps"] for r in records], [r.get(f"eval_{split}/pass@1/all", math.nan) for r in records])
                 )
         n = min((len(steps) for steps, _ in runs), default=0)
         if n:
@@ -326,9 +334,10 @@ def plot_split_curves(summaries: Sequence[Mapping[str, Any]], splits: Sequence[s
     `stats.bootstrap_band`; no band for one seed)."""
     fig = new_figure(4.2 * len(splits), 4.2)
     styles = ("-", "--", "-.", ":")
+    evals = {s["workdir"]: _evals(s["workdir"]) for s in summaries if s["env_steps"] > 0}  # (read once)
     for j, split in enumerate(splits):
         ax = fig.add_subplot(1, len(splits), j + 1)
-        for i, (arm, (steps, ys)) in enumerate(split_curves(summaries, split).items()):
+        for i, (arm, (steps, ys)) in enumerate(split_curves(summaries, split, evals).items()):
             ys = ys * 100
             (line,) = ax.plot(steps, ys.mean(0), styles[i % len(styles)], label=f"{arm} (n={len(ys)})")
             low, high = bootstrap_band(ys)

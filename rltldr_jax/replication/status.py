@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
+from rltldr_jax.replication.driver import LOCKS
 from rltldr_jax.replication.grid import plan_runs, read_summary
 from rltldr_jax.settings import Settings
 from rltldr_jax.train.pretrain import find_pretrained, pretrained_dir, resume_dir
@@ -26,8 +27,6 @@ from rltldr_jax.train.resume import LOCK
 
 #: The states of a piece, in the order the lines list them.
 STATES = ("done", "running", "started", "to do")
-#: `{out}/locks/s{seed}`: held while a launcher pretrains or checks that seed (replication/driver.py's `LOCKS`).
-SEED_LOCK = os.path.join("locks", "s{seed}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +90,8 @@ def _saved_fraction(state_dir: str, steps: int) -> float:
     return min(max(saved, default=0) / steps, 1.0) if steps > 0 else 0.0
 
 
-def _base_policy(config: Settings, seed: int, out: str, held: set[tuple[int, int]] | None) -> Piece:
+def _base_policy(config: Settings, seed: int, seed_busy: bool) -> Piece:
+    """`seed_busy`: a launcher holds the seed's lock (`{out}/locks/s{seed}`: it pretrains or checks the seed)."""
     if config.pretrain.steps <= 0:
         return Piece("base policy", seed, "done")  # (a given checkpoint: nothing to pretrain)
     found = find_pretrained(config)
@@ -101,7 +101,7 @@ def _base_policy(config: Settings, seed: int, out: str, held: set[tuple[int, int
         return Piece("base policy", seed, "done", seconds=seconds)
     state = resume_dir(config)
     fraction = _saved_fraction(state, config.pretrain.steps)
-    if _locked(os.path.join(out, SEED_LOCK.format(seed=seed)), held):
+    if seed_busy:
         return Piece("base policy", seed, "running", done_fraction=fraction)
     if os.path.isdir(state) or os.path.isdir(pretrained_dir(config)):
         return Piece("base policy", seed, "started", done_fraction=fraction)
@@ -116,11 +116,12 @@ def grid_status(configs: Mapping[tuple[str, int], Settings], out: str) -> list[P
     pieces: list[Piece] = []
     for seed in sorted({s for _, s in configs}):
         config = configs[next(k for k in configs if k[1] == seed)]
-        pieces.append(_base_policy(config, seed, out, held))
+        seed_busy = _locked(os.path.join(out, LOCKS, f"s{seed}"), held)
+        pieces.append(_base_policy(config, seed, seed_busy))
         checks = os.path.join(out, "base", f"s{seed}", "checks.json")
         if os.path.isfile(checks):
             state = "done"
-        elif pieces[-1].state == "done" and _locked(os.path.join(out, SEED_LOCK.format(seed=seed)), held):
+        elif pieces[-1].state == "done" and seed_busy:
             state = "running"
         else:
             state = "to do"
