@@ -47,6 +47,7 @@ def model():
     return small_term_model()
 
 
+@pytest.mark.slow  # 45 CPU s; the extension itself: the entropy-bonus phase below
 def test_coefficient_zero_is_the_step_without_the_term(model):
     graphdef, params = nnx.split(model)
     tx = make_optimizer(1e-3)

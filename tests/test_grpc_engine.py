@@ -532,6 +532,7 @@ def _post_json(url: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.slow  # 27 CPU s
 def test_the_server_serves_a_lora_adapter_as_sglang_does(plain_server, checkpoints, tmp_path):
     """POST /load_lora_adapter of a PEFT adapter (ours): requests naming it sample from base + adapter (their logprobs
     are the merged model's teacher-forced ones), a request naming another adapter or none is refused with the fix,

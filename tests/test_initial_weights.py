@@ -174,6 +174,7 @@ def test_the_guard_reads_the_first_minibatch():
         check_logprob_gap({"logprob_gap": 0.2, "grpo_tokens": 5.0}, 0.1, phase=3)
 
 
+@pytest.mark.slow  # 112 CPU s; the adapter push itself: test_grpc_engine.py
 def test_a_lora_run_pushes_its_base_once_then_only_adapters(tmp_path_factory, tmp_path):
     """A LoRA run (rank 8) on servers with HTTP admin (engine.http_servers: the client takes adapters): at start the
     base is pushed (the servers hold other weights), then each phase pushes only the adapters (a000001, not a

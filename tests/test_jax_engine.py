@@ -343,6 +343,7 @@ def test_prefix_cache_budget_and_new_weights(model):
     np.testing.assert_allclose(again.logprobs, _teacher_forced(other, prompts[-1], again.token_ids), atol=2e-5)
 
 
+@pytest.mark.slow  # 19 CPU s; bf16 numerics: test_qwen3_5.py::test_bf16_path
 def test_bf16_weights_logprobs_are_close_to_fp32(model):
     """weights_dtype="bfloat16": sampled logprobs within 0.05 nats of the float32 model's teacher-forced ones (0.012
     measured here), |mean gap| < 0.005 (what the trainer logs as first_minibatch/logprob_gap); greedy tokens are the

@@ -154,6 +154,7 @@ def _trees_differ(a, b) -> bool:
     return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs)
 
 
+@pytest.mark.slow  # 72 CPU s; the term's step: test_the_step_with_the_policy_as_reference
 def test_a_tiny_run_with_the_kl_term_keeps_the_initial_policy_as_reference_across_a_resume(tmp_path):
     """Phase 1 logs update/kl (0 to rounding on its one step: the policy is still the reference); the reference stays
     the initial policy after the update; a resumed run restores the trained params but keeps the initial policy (built

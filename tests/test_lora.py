@@ -154,6 +154,7 @@ def lora_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # with the other users of `lora_runs`: ~130 CPU s
 def test_a_tiny_lora_run_checkpoints_and_resumes_exactly(lora_runs):
     """Two phases in one run vs one phase, then a resumed one: the same adapters and optimizer state, bit for bit;
     only the adapters moved."""
@@ -164,6 +165,7 @@ def test_a_tiny_lora_run_checkpoints_and_resumes_exactly(lora_runs):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # reads `lora_runs` (slow)
 def test_a_lora_runs_checkpoint_exports_as_adapter_or_merged_and_trains_on(lora_runs, tmp_path):
     """export_hf of a LoRA run: refused without --adapter/--merge; a PEFT adapter that, as model.checkpoint over its
     base (model.base_checkpoint), gives the run's policy (adapters kept at the same rank, merged at rank 0); merged
@@ -203,6 +205,7 @@ def test_a_lora_runs_checkpoint_exports_as_adapter_or_merged_and_trains_on(lora_
         policy(4)
 
 
+@pytest.mark.slow  # reads `lora_runs` (slow)
 def test_delta_theta_reads_a_lora_checkpoint_as_the_policy_it_trained(lora_runs, tmp_path):
     """Δθ of a LoRA run (analysis/delta_theta.py): its orbax checkpoint reads tensor for tensor as its merged export,
     and against its base, Δθ is the adapters' update, in the adapted layers only."""
@@ -227,6 +230,7 @@ def test_delta_theta_reads_a_lora_checkpoint_as_the_policy_it_trained(lora_runs,
     assert report.by_kind["attention"].l2sq > 0 and report.by_kind["mlp"].l2sq > 0
 
 
+@pytest.mark.slow  # reads `lora_runs` (slow)
 def test_the_export_launcher_writes_adapters_and_says_what_it_wrote(lora_runs, tmp_path, capsys):
     from rltldr_jax.cli import export_hf
 

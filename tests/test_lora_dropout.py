@@ -122,6 +122,7 @@ def _adapters(update: ShardedUpdate) -> list[np.ndarray]:
     return [np.array(x) for x in jax.tree.leaves(lora.split_trainable(update.params)[0])]
 
 
+@pytest.mark.slow  # 60 CPU s: four tiny runs
 def test_train_steps_drop_per_seed_and_step_and_resume_with_their_keys(tmp_path):
     """The step's loss runs the dropout (a different loss than without; the same for the same seed, another for
     another seed); the keys follow the step number the optimizer state holds, which a checkpoint keeps: one step,
@@ -151,6 +152,7 @@ def test_train_steps_drop_per_seed_and_step_and_resume_with_their_keys(tmp_path)
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # 34 CPU s
 def test_each_step_draws_new_masks_and_every_seed_shares_one_compiled_step():
     """With a learning rate of 0 nothing moves but the step number: the loss on the same batch changes from step to
     step (new masks), and repeats in a run with the same seed; the seed is an argument of the compiled step, not a

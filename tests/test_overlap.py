@@ -90,6 +90,7 @@ def test_an_overlapped_run_records_a_version_gap_of_one(overlapped_run):
     assert _collection_threads() == [] and not trainer.engine.running
 
 
+@pytest.mark.slow  # 41 CPU s: a second overlapped run
 def test_a_checkpoint_saves_the_cursor_before_the_prefetched_phase(overlapped_run, tmp_path):
     """Checkpoint 2 was saved while phase index 2 was being collected: its cursor excludes that phase's tasks, and a
     resumed run collects that phase again (same tasks), synchronously, with the checkpoint's weights."""

@@ -65,6 +65,7 @@ def test_a_run_is_probed_at_the_base_policy_and_every_kept_checkpoint(tiny_polic
     assert os.path.isdir(workdir / "checkpoints")
 
 
+@pytest.mark.slow  # 27 CPU s: a tiny LoRA run
 def test_a_lora_runs_checkpoints_are_probed_as_the_merged_policy(tiny_policy, builder, tmp_path):
     from rltldr_jax.models.lora import LoraSpec, attach, linear_layers, merged
 

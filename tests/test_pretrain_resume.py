@@ -30,6 +30,7 @@ def _read(path: str, name: str) -> bytes:
         return f.read()
 
 
+@pytest.mark.slow  # 153 CPU s: three pretrainings
 def test_a_stopped_and_a_killed_pretraining_continue_to_the_same_bytes(tmp_path, monkeypatch):
     assert pretraining.LENGTH_BUCKETS == 4 and pretraining.SAVE_EVERY_SECONDS >= 60  # (the steps below follow)
     whole = _config(str(tmp_path / "whole"))

@@ -217,6 +217,7 @@ def test_sequence_logprobs_and_entropy(ours, ids, full_logits):
     np.testing.assert_allclose(np.asarray(ent)[:, 1:], -(np.exp(logp) * logp).sum(-1)[:, :-1], atol=1e-4)
 
 
+@pytest.mark.slow  # 35 CPU s
 def test_sequence_logprobs_skips_chunks_without_needed_positions(ours, ids):
     """Chunks without a needed position are skipped: needed positions keep their exact values and gradients."""
     needed = np.zeros(ids.shape, bool)
@@ -236,6 +237,7 @@ def test_sequence_logprobs_skips_chunks_without_needed_positions(ours, ids):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # 39 CPU s
 def test_remat_gives_the_same_gradients(hf_checkpoint, ids):
     x = ids[:, :48]
 

@@ -246,6 +246,7 @@ def _scalars(workdir: str) -> dict[str, list[int]]:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's reads orphaned by the error
+@pytest.mark.slow  # 57 CPU s; resume == uninterrupted: test_train_loop.py
 def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
     workdir = str(tmp_path / "run")
     stopped = Trainer(_config(workdir, 1))
@@ -318,6 +319,7 @@ def test_resume_after_a_kill(tmp_path, monkeypatch, caplog):
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 65 CPU s: two launcher processes
 def test_train_launcher_with_relative_paths_from_any_directory(tmp_path):
     """launch/train.py run from a temporary directory with a relative config path and workdir: saves checkpoints
     (orbax needs absolute paths), and --resume continues the same run."""

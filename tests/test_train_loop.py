@@ -254,6 +254,7 @@ def test_ctrl_c_stops_after_the_phase_and_twice_stops_at_once(tmp_path, monkeypa
     lock_workdir(workdir).close()  # run() closed the trainer
 
 
+@pytest.mark.slow  # 34 CPU s
 def test_concurrent_attempt_chains_through_the_trainer(tmp_path):
     """rollout.workers_per_task = 2 (without exact_group_size): two chains per task, ≥ K attempts per task, numbered
     1..n without gaps or repeats, all trained on."""

@@ -144,6 +144,7 @@ def test_grad_clip_norm_zero_means_no_clipping():
         )  # float32 bias correction
 
 
+@pytest.mark.slow  # 43 CPU s; across processes: test_compile_cache.py
 def test_loss_coefficients_are_arguments_one_program_for_every_arm(model):
     """λ, grpo_coef, clip_eps and writer_sft_coef are traced (`LossConfig.traced`): the step compiled once serves
     every arm of a grid, and each call's loss is its own coefficients' (the same as the step compiled with them as
