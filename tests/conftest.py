@@ -207,21 +207,26 @@ def _sapi_tasks_generated_once():
 # The modules that take longest (cold cache, 2 cores, longest first) run first, so that pytest-xdist workers start on
 # them and the many short modules fill in at the end (with `--no-loadscope-reorder`; by default xdist would start
 # with the modules that hold the most tests, and end on a worker running the notebooks alone).
-LONGEST_MODULES = (
+LONGEST_MODULES = (  # by CPU seconds of the default run (--cpu-durations, 2026-12-05), then those of `-m slow`
     "test_notebooks.py",
-    "test_ablations.py",
     "test_replication.py",
+    "test_ablations.py",
+    "test_jax_engine.py",
+    "test_packing.py",
+    "test_train_loop.py",
+    "test_kl_term.py",
+    "test_overlap.py",
+    "test_sharding.py",
+    "test_qwen3_5.py",
+    "test_attention.py",
+    "test_grpc_engine.py",
+    "test_extending_loss.py",
+    "test_loss_terms.py",
     "test_resume.py",
     "test_collection_benchmark.py",
-    "test_train_loop.py",
-    "test_qwen3_5.py",
-    "test_jax_engine.py",
-    "test_initial_weights.py",
-    "test_overlap.py",
     "test_multihost.py",
-    "test_attention.py",
     "test_device_benchmark.py",
-    "test_sharding.py",
+    "test_initial_weights.py",
 )
 
 

@@ -100,6 +100,7 @@ def test_fingerprint_tells_weights_apart_across_dtypes(tmp_path):
     assert weights_fingerprint(served) == weights_fingerprint(m0, dtype="bfloat16") != weights_fingerprint(m0)
 
 
+@pytest.mark.slow  # 38 CPU s; a server with other weights stops the run: below
 def test_servers_with_other_weights_get_the_trainers(servers, tmp_path):
     trainer = Trainer(_config(str(tmp_path / "run"), servers))
     try:

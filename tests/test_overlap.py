@@ -121,6 +121,7 @@ def test_a_checkpoint_saves_the_cursor_before_the_prefetched_phase(overlapped_ru
     assert _collection_threads() == []
 
 
+@pytest.mark.slow  # 26 CPU s
 def test_an_error_in_the_background_collection_surfaces(tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
     trainer = Trainer(_overlapped(workdir, 3))

@@ -45,6 +45,7 @@ def plans(plan_memory):
     return full, adapted
 
 
+@pytest.mark.slow  # with the other user of `plans`: ~47 CPU s
 def test_lora_plan_trains_the_adapters_alone(plans):
     full, adapted = plans
     model = nnx.eval_shape(
@@ -63,6 +64,7 @@ def test_lora_plan_trains_the_adapters_alone(plans):
     assert adapted.param_bytes == full.param_bytes // 2 + adapted.trainable_bytes
 
 
+@pytest.mark.slow  # reads `plans` (slow)
 def test_compiled_arguments_are_the_planned_state(plans):
     """What XLA takes as arguments is the state the plan counts (params + optimizer state) and the batch."""
     batch = MICRO * LENGTH * (4 + 4 + 1 + 1) + MICRO * 4  # ids, old logprobs, two masks; advantages

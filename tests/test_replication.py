@@ -168,6 +168,7 @@ def test_a_second_run_only_reads_what_is_there(smoke_grid):
     assert any("grpo seed 0" in line for line in lines)
 
 
+@pytest.mark.slow  # 40 CPU s: the smoke grid again, two runs at a time
 def test_jobs_do_not_change_results(smoke_grid, tmp_path):
     """The smoke grid ran one piece at a time; the same runs two at a time (`jobs=2`) give the same results, bit for
     bit: every run's phases and evaluations, its final parameters (the checkpoint's checksums), and the base checks."""

@@ -217,6 +217,7 @@ def test_sigterm_stops_at_a_safe_point_and_the_resumed_run_equals_an_uninterrupt
     assert _records(workdir) == records  # no second final evaluation
 
 
+@pytest.mark.slow  # 29 CPU s; signals to a launcher: test_stopping.py
 def test_ctrl_c_stops_after_the_phase_and_twice_stops_at_once(tmp_path, monkeypatch):
     """SIGINT during a phase's collection: the phase is finished and checkpointed (train.checkpoint_every=2 would
     not have), then `run` raises RunStopped (exit status 130). Twice during the next phase: it stops at once,
