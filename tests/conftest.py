@@ -207,7 +207,9 @@ def _sapi_tasks_generated_once():
 # The modules that take longest (cold cache, 2 cores, longest first) run first, so that pytest-xdist workers start on
 # them and the many short modules fill in at the end (with `--no-loadscope-reorder`; by default xdist would start
 # with the modules that hold the most tests, and end on a worker running the notebooks alone).
-LONGEST_MODULES = (  # by CPU seconds of the default run (--cpu-durations, 2026-12-05), then those of `-m slow`
+# Order (--cpu-durations, 2026-12-05): the notebooks (the longest of `-m slow`), then the default run's modules by CPU
+# seconds, then modules whose cost is mostly in `-m slow`.
+LONGEST_MODULES = (
     "test_notebooks.py",
     "test_replication.py",
     "test_ablations.py",
