@@ -342,11 +342,12 @@ def test_a_grid_with_another_base_policy_is_refused(smoke_grid):
     from rltldr_jax.train.pretrain import pretrained_dir
 
     out, _, _ = smoke_grid
-    configs = _smoke_configs(out, ("grpo",), **{"pretrain.steps": 5})
+    steps = replicate.get_config("smoke").pretrain.steps
+    configs = _smoke_configs(out, ("grpo",), **{"pretrain.steps": steps + 1})
     with pytest.raises(RuntimeError) as e:
         run_replication(configs, out, checks=replicate.CHECKS["smoke"], echo=print)
     message = str(e.value)
-    assert "grpo-s0 (model.checkpoint: " in message and "pretrain.steps: 4 -> 5" in message, message
+    assert "grpo-s0 (model.checkpoint: " in message and f"pretrain.steps: {steps} -> {steps + 1}" in message, message
     assert "the base checks of seed 0 (base policy " in message and "--restart" in message, message
     assert not os.path.exists(pretrained_dir(configs[("grpo", 0)]))
 

@@ -21,7 +21,8 @@ def grid(tmp_path):
     seed 0 pretrained in 7,200 s and checked, grpo-s0 done in 600 s (its success rates 0.123: never shown), rltldr-s0
     running (this process holds its lock); seed 1's pretraining saved at step 1 of 4, nothing else."""
     out = str(tmp_path / "grid")
-    configs = grid_configs(v2, "smoke", list(v2.GRIDS["smoke"][0]), [], {"pretrain.cache_dir": str(tmp_path / "pre")})
+    overrides = {"pretrain.cache_dir": str(tmp_path / "pre"), "pretrain.steps": 4}  # (the preset's is 1)
+    configs = grid_configs(v2, "smoke", list(v2.GRIDS["smoke"][0]), [], overrides)
     policy = pretrained_dir(configs[("grpo", 0)])
     os.makedirs(policy)
     with open(os.path.join(policy, "pretrain.json"), "w", encoding="utf-8") as f:
@@ -80,6 +81,7 @@ def test_the_lines_and_the_launcher_show_no_result(grid):
         "--config=configs/replicate_v2.py:smoke",
         f"--out={out}",
         f"--config.pretrain.cache_dir={os.path.dirname(out)}/pre",
+        "--config.pretrain.steps=4",
         "--status",
     )
     assert done.returncode == 0, done.stderr[-2000:]

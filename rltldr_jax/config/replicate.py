@@ -179,10 +179,12 @@ def _gpu(c) -> None:
     )
 
 
-#: The smoke preset's budgets (tiny: for the tests), also the second round's smoke preset's.
+#: The smoke preset's budgets (tiny: for the tests), also the second round's smoke preset's. One pretraining step:
+#: each step of a pool has its own length bucket, so its own compiled program (`train/pretrain.py`), and compiling
+#: is most of a smoke run's CPU (four steps took ~4 compilations, ~75 of the ~210 CPU seconds of a smoke grid).
 SMOKE_SIZES = {
     "model.preset": "replicate_xs",
-    "pretrain.steps": 4,
+    "pretrain.steps": 1,
     "pretrain.batch_size": 4,
     "rollout.tasks_per_phase": 2,
     "rollout.group_size": 2,
