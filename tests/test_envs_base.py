@@ -65,3 +65,29 @@ def test_registry_splits_and_envs():
         env.close()
     with pytest.raises(ValueError, match="unknown environment 'webshop'"):
         make_env("webshop")
+
+
+def _plain(source: TaskSource, calls: int, n: int) -> list[list[str]]:
+    """The calls' task ids by the plain per-epoch permutations (the order before wraps were made distinct)."""
+    flat = [source.tasks[i].task_id for epoch in range(calls * n // len(source) + 2) for i in source._order(epoch)]
+    return [flat[k * n : (k + 1) * n] for k in range(calls)]
+
+
+def test_a_call_that_wraps_never_repeats_a_task():
+    # 7 tasks, 3 per call: the calls wrap into a new epoch mid-call; with seed 2 the plain permutations put a task
+    # at the end of one epoch and the start of the next within one call (checked below), which a phase cannot hold.
+    n, calls = 3, 40
+    source = TaskSource(_tasks(7), seed=2)
+    plain = _plain(source, calls, n)
+    repeats = [k for k, ids in enumerate(plain) if len(set(ids)) < n]
+    assert repeats, "the plain permutations have no repeat: pick another seed for this test"
+    got = [[t.task_id for t in source.take(n)] for _ in range(calls)]
+    assert all(len(set(ids)) == n for ids in got)
+    assert got[: repeats[0]] == plain[: repeats[0]]  # up to the first repeat: the plain order, unchanged
+    # the cursor still resumes exactly after a skipped repeat
+    k = repeats[0] + 1
+    resumed = TaskSource(_tasks(7), seed=2)
+    assert [[t.task_id for t in resumed.take(n)] for _ in range(k)] == got[:k]
+    again = TaskSource(_tasks(7), seed=2)
+    again.restore(resumed.state())
+    assert [[t.task_id for t in again.take(n)] for _ in range(calls - k)] == got[k:]

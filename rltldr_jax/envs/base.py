@@ -96,7 +96,8 @@ class TaskSource:
     """The tasks of one split in a deterministic, seeded order, with a cursor that checkpoints can restore.
 
     Each epoch is a fresh permutation (seed, epoch); `take(n)` continues where the last call stopped and
-    crosses epoch boundaries. `state()` / `restore(state)` make a resumed run see the same tasks.
+    crosses epoch boundaries, never repeating a task within one call of at most the split's size (`take`).
+    `state()` / `restore(state)` make a resumed run see the same tasks.
 
     Args:
       tasks: the split's tasks (ids must be unique).
@@ -126,13 +127,25 @@ class TaskSource:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
 
     def take(self, n: int) -> list[Task]:
-        """The next `n` tasks (wrapping into the next epoch)."""
-        out = []
+        """The next `n` tasks (wrapping into the next epoch).
+
+        When `n` is at most the split's size, the tasks of one call are distinct (a phase has one group per task):
+        where a call wraps into the next epoch, a task it already took at the end of the previous epoch is skipped
+        in the new one (that epoch visits it one time fewer). A call that wraps without such a repeat takes the
+        plain permutations, so only a call that would have repeated a task changes. A larger `n` repeats tasks.
+        """
+        distinct = n <= len(self.tasks)
+        out: list[Task] = []
+        taken: set[int] = set()
         while len(out) < n:
             order = self._order(self.epoch)
-            take = min(n - len(out), len(order) - self.position)
-            out += [self.tasks[i] for i in order[self.position : self.position + take]]
-            self.position += take
+            while len(out) < n and self.position < len(order):
+                i = int(order[self.position])
+                self.position += 1
+                if distinct and i in taken:  # taken at the end of the previous epoch, in this same call
+                    continue
+                out.append(self.tasks[i])
+                taken.add(i)
             if self.position == len(order):
                 self.epoch, self.position = self.epoch + 1, 0
         return out
