@@ -11,7 +11,9 @@ from rltldr_jax.replication.preregistered import (
     arm_table,
     beside,
     column,
+    missing_runs,
     read_results,
+    seed_list,
 )
 from rltldr_jax.replication.stats import mean_bootstrap, paired_tost
 
@@ -76,11 +78,15 @@ def test_every_decision_rule_on_a_hand_made_table():
     assert hot.value == 0.0125 and hot.decision == "fails"
     tier4 = numbers["rltldr tier4 selected (upper end expected < 5 points)"]
     assert tier4.interval.diff == pytest.approx(0.01 / 3) and tier4.decision == "holds"
-    assert numbers["base i.i.d. Pass@64 on the hard training tasks, max over 2 seeds (expected 0)"].decision == "holds"
+    iid = numbers["base i.i.d. Pass@64 on the hard training tasks, max over seeds (expected 0)"]
+    assert iid.decision == "holds" and iid.n == 2
     assert numbers["tier2 final: rltldr − strict_control"].interval.diff == 0
     assert math.isnan(numbers["tier2 selected: rltldr − shuffled_control"].interval.diff)  # no such arm: NaN
+    assert numbers["tier1 selected: rltldr − grpo"].interval.diff == pytest.approx(0.4)  # (round one's held-in gain)
+    assert math.isnan(numbers["tier1 selected: rltldr − strict_control"].interval.diff)  # (no tier-1 control values)
     text = analysis_markdown(list(numbers.values()))
     assert "| primary | tier2 selected: rltldr − strict_control | +26.7 |" in text and "TOST p = 0.019" in text
+    assert "| sanity | grpo_hot: max over seeds of tier1 final/selected (expected 0) | 1.2 | – | 3 | fails |" in text
     assert "| rltldr | 3 | – | 40.0 [30.0, 50.0] | 40.0 [" in arm_table(_table(), ["rltldr", "nope"])
 
 
@@ -109,3 +115,30 @@ def test_an_added_arm_is_reported_beside_its_reference_outside_the_preregistered
     assert "| not pre-registered | tier2 selected: rltldr_lora − rltldr | -3.3 |" in added
     assert "| rltldr_lora | 4 | – | – | 50.0 [" in added
     assert "rltldr_lora" not in v2.analysis(_table(), None)  # (no section without the arm's runs)
+
+
+def test_seed_lists_are_short():
+    assert seed_list([8, 0, 1, 2, 5, 7]) == "0–2, 5, 7–8" and seed_list([3]) == "3" and seed_list([]) == ""
+
+
+def test_only_the_preregistered_seeds_count_and_a_short_number_says_which_are_missing():
+    """With the arms' pre-registered seeds: an extra seed is left out, a missing one named in every decision that
+    lacks it, and the base check skips a NaN wherever it sits (counting it missing) instead of failing or hiding it."""
+    table = {arm: dict(rows) for arm, rows in _table().items()}
+    sel2 = column("tier2", "selected")
+    table["rltldr"][9] = {sel2: 0.9}  # not pre-registered: must not count
+    seeds = {"rltldr": (0, 1, 2), "strict_control": (0, 1, 2, 3), "lambda_0": (0, 1, 2), "grpo": (0, 1, 2, 3)}
+    for base in (
+        {0: {"iid_pass@64": 0.0}, 3: {"iid_pass@64": math.nan}},
+        {3: {"iid_pass@64": math.nan}, 0: {"iid_pass@64": 0.0}},
+    ):
+        numbers = {n.what: n for n in analyse(table, base, seeds)}
+        p2 = numbers["tier2 selected: rltldr − strict_control"]
+        assert p2.interval.diff == pytest.approx(0.8 / 3) and p2.interval.n == 3  # (seed 9 left out)
+        assert p2.decision == "reproduced; missing seeds: strict_control 3"
+        assert numbers["tier1 selected: rltldr (λ=0.5) − lambda_0"].decision == "equivalent within ±10 points"
+        grpo = numbers["grpo: max over seeds of tier1 final/selected (expected 0)"]
+        assert grpo.n == 3 and grpo.decision == "holds; missing seeds: grpo 3"
+        iid = numbers["base i.i.d. Pass@64 on the hard training tasks, max over seeds (expected 0)"]
+        assert iid.value == 0 and iid.n == 1 and iid.decision == "holds; missing seeds: base 1–3"
+    assert missing_runs(table, seeds) == "strict_control 3; grpo 3" and missing_runs(table, {"rltldr": (0, 9)}) == ""

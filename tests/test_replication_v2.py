@@ -2,6 +2,7 @@
 `rltldr` exactly in its keys, seeds per arm, the pretraining that writes insights, fixed evaluation sets, and its
 pre-registered analysis in the report."""
 
+import math
 import os
 
 import pytest
@@ -116,7 +117,101 @@ def test_the_report_holds_the_preregistered_analysis(tmp_path):
     text = open(os.path.join(tmp_path, "results.md"), encoding="utf-8").read()
     assert any(p.endswith("results.md") for p in paths)
     assert "## Pre-registered analysis" in text
-    assert "| primary | tier2 selected: rltldr − strict_control | +30.0 | [+20.0, +40.0] | 3 | reproduced |" in text
+    assert "**Incomplete grid: 79 of 85 pre-registered runs missing** (rltldr 3–19; strict_control 3–19; " in text
+    assert (
+        "| primary | tier2 selected: rltldr − strict_control | +30.0 | [+20.0, +40.0] | 3 | "
+        "reproduced; missing seeds: rltldr 3–19; strict_control 3–19 |" in text
+    )
+
+
+def _offline_config(seed, workdir):
+    from rltldr_jax.settings import replace
+
+    return replace(v2.arm_config("default", "sftldr", seed), {"workdir": str(workdir)})
+
+
+def test_an_offline_run_keeps_every_set_of_its_one_evaluation(tmp_path):
+    """An offline arm is evaluated once, after training (no metrics.jsonl): its summary keeps that evaluation of every
+    set, probes included, as final = selected = AUC; results.csv gets its tier columns."""
+    from rltldr_jax.replication.grid import Run, summarize_run
+    from rltldr_jax.replication.report import split_names_of, split_values
+
+    workdir = tmp_path / "sftldr-s1"
+    workdir.mkdir()
+    sets = v2.EVAL_SPLITS.split(",")
+    metrics = {f"eval_{t}/pass@1/all": 0.1 * i for i, t in enumerate(sets)} | {
+        "eval/pass@1/all": 0.2,
+        "eval_train/pass@1/all": 0.7,
+        "eval_tier3/probe/fix/right_tool": 0.25,
+        "sft/nll": 1.5,
+    }
+    summary = summarize_run(Run("sftldr", 1, _offline_config(1, workdir)), walltime_s=3.0, sft_metrics=metrics)
+    assert summary["env_steps"] == 0 and summary["heldout_pass1_no_insight"] == 0.2
+    assert summary["final"]["eval_tier3/probe/fix/right_tool"] == 0.25 and "sft/nll" not in summary["final"]
+    m = summary["measures"]
+    assert m["selected_index"] == 0
+    for measure in ("final", "selected", "auc"):
+        assert m[measure]["eval_tier3/pass@1/all"] == pytest.approx(0.3)
+    assert sorted(split_names_of([summary])) == sorted(sets)
+    assert split_values(summary, ["tier3"]) == pytest.approx([0.3, 0.3, 0.3])
+
+
+def test_an_offline_summary_from_the_grids_install_gives_its_tier2_value_and_the_report_says_what_is_missing(tmp_path):
+    """The grid's install summarised an offline run with `eval/` (tier 2) alone: results.csv takes that value for
+    tier 2's three measures, leaves the other sets empty, and the report says so; the evaluation probes of RL runs
+    (metrics.jsonl) and of that offline run (`eval/probe/...` as tier 2's) are tabled at the selected evaluation."""
+    import csv
+    import json
+
+    from rltldr_jax.replication.report import write_results
+
+    summaries = []
+    for seed in range(2):
+        workdir = tmp_path / f"rltldr-s{seed}"
+        workdir.mkdir()
+        records = [
+            {"kind": "eval", "phase": 5 * (i + 1), "env_steps": 320 * (i + 1), "eval_tier3/probe/fix/right_tool": v}
+            for i, v in enumerate((0.1, 0.5 + seed * 0.1, 0.0))
+        ]
+        (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        summary = _v2_summary("rltldr", seed, 0.3, workdir)
+        summaries.append(summary | {"measures": {**summary["measures"], "selected_index": 1}})
+    old = {
+        "arm": "sftldr",
+        "seed": 0,
+        "train_pass1_no_insight": 0.5,
+        "heldout_pass1_no_insight": 0.25,
+        "train_pass1_insight": float("nan"),
+        "env_steps": 0,
+        "walltime_s": 9.0,
+        "lam": 0.5,
+        "workdir": str(tmp_path / "sftldr-s0"),
+        "final": {"eval/pass@1/all": 0.25, "eval_train/pass@1/all": 0.5, "eval/probe/rule_ore/pass@1": 0.125},
+        "measures": {"final": {}, "selected": {}, "auc": {}, "selected_index": None},
+        "config": {"mode": "sft", "env": {"eval_split": "tier2"}},
+    }
+    write_results([*summaries, old], {}, str(tmp_path), analysis=v2.analysis)
+    with open(tmp_path / "results.csv", encoding="utf-8") as f:
+        row = [r for r in csv.DictReader(f) if r["arm"] == "sftldr"][0]
+    assert [float(row[f"tier2_pass1_no_insight{m}"]) for m in ("", "_selected", "_auc")] == [0.25, 0.25, 0.25]
+    assert row["tier3_pass1_no_insight"] in ("", "nan")
+    text = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "The grid's install kept only the tier-2 value of that evaluation for sftldr" in text
+    assert "| sftldr | 1 | – | – | 25.0 | – | – |" in text  # (its one seed: no interval)
+    tier3 = text.split("### tier3")[1].split("###")[0]
+    assert "| probe | rltldr (2) |" in tier3 and "| fix/right_tool | 55.0 |" in tier3  # (seeds' 2nd evaluation)
+    tier2 = text.split("### tier2")[1].split("###")[0]
+    assert "| probe | sftldr (1) |" in tier2 and "| rule_ore/pass@1 | 12.5 |" in tier2
+    with open(tmp_path / "eval_probes.csv", encoding="utf-8") as f:
+        probes = list(csv.DictReader(f))
+    assert {(r["arm"], r["seed"], r["measure"], r["set"]) for r in probes} == {
+        ("rltldr", "0", "final", "tier3"),
+        ("rltldr", "0", "selected", "tier3"),
+        ("rltldr", "1", "final", "tier3"),
+        ("rltldr", "1", "selected", "tier3"),
+        ("sftldr", "0", "final", "tier2"),
+        ("sftldr", "0", "selected", "tier2"),
+    }
 
 
 def test_an_arm_kept_beside_the_grid_is_reported_from_there(tmp_path):
@@ -198,7 +293,14 @@ def test_the_smoke_grid_through_the_launcher_then_the_probes(tmp_path):
         ("rltldr", 1),
         ("sftldr", 1),
     ]
-    assert all(r["tier3_pass1_no_insight_selected"] != "" for r in rows)
+    # every run has every set's three measures, the offline sftldr too (its one evaluation, after training)
+    assert all(
+        math.isfinite(float(r[f"{t}_pass1_no_insight{m}"] or "nan"))
+        for r in rows
+        for t in ("valid", "tier3")
+        for m in ("", "_selected", "_auc")
+    )
+    assert (out / "eval_probes.csv").is_file()
     text = (out / "results.md").read_text(encoding="utf-8")
     assert "## Pre-registered analysis" in text and "| sanity | grpo: max over seeds" in text
     probes = probe_grid(str(out), num_tasks=1, echo=lambda line: None)

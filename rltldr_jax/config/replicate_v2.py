@@ -204,16 +204,43 @@ def analysis(table, base) -> str:
     from rltldr_jax.replication import preregistered as pre
 
     arms = list(PREREGISTERED_ARMS)
+    seeds = {arm: GRID_SEEDS[arm] for arm in arms}
+    missing = pre.missing_runs(table, seeds)
+    lost = sum(s not in table.get(arm, {}) for arm in arms for s in seeds[arm])
+    complete = (
+        "Every pre-registered run is in."
+        if not missing
+        else f"**Incomplete grid: {lost} of {sum(map(len, seeds.values()))} pre-registered runs missing** "
+        f"({missing}); a number short of seeds says which in its decision."
+    )
     parts = [
         "## Pre-registered analysis (docs/replication/v2/preregistration.md)",
         "",
-        "Differences in points of no-insight Pass@1, 95 % percentile-bootstrap intervals over seeds (paired by seed).",
+        f"{complete} Differences in points of no-insight Pass@1; 95 % percentile-bootstrap intervals over seeds "
+        "(10,000 resamples, numpy seed 0): a difference paired by seed, an arm's mean over its own seeds. Only each "
+        "arm's pre-registered seeds count.",
         "",
-        pre.analysis_markdown(pre.analyse(table, base)),
+        pre.analysis_markdown(pre.analyse(table, base, seeds)),
     ]
+    pinned = pre.pinned(table, seeds)
+    offline = [a for a in ("sft_rollouts", "sftldr") if a in pinned]
+    unrecorded = [a for a in offline if not pre.by_seed(pinned, a, pre.column("tier1", "final"))]
     for measure in ("selected", "final", "auc"):
         parts += ["", f"### No-insight Pass@1 (%) per tier, {measure}: mean [95 % CI] over seeds", ""]
-        parts.append(pre.arm_table(table, arms, measure))
+        parts.append(pre.arm_table(pinned, arms, measure))
+    if offline:
+        parts += [
+            "",
+            f"The offline arms ({', '.join(offline)}) are evaluated once, after training: their final, selected and "
+            "area-under-the-curve values are that one evaluation."
+            + (
+                f" The grid's install kept only the tier-2 value of that evaluation for {', '.join(unrecorded)} "
+                "(its other sets were measured but not written to summary.json, a bug fixed after the grid ran); "
+                "their other cells are –."
+                if unrecorded
+                else ""
+            ),
+        ]
     for arm, (reference, what) in ADDED_ARMS.items():
         if arm not in table:
             continue

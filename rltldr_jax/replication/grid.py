@@ -13,11 +13,12 @@ than asked for (`stale_reason`) is never reused: it is refused (`StaleRunError`)
 `{workdir}.old-YYYYmmdd-HHMMSS` and trained again; so is a stopped one whose checkpoint the `Trainer` refuses to
 resume with the new settings.
 
-`summary.json` holds the run's final evaluation: no-insight Pass@1 on held-in training tasks and held-out tasks,
-the with-insight Pass@1 of its last training phases, environment steps and walltime, the config it was trained
-with, and the machine of each of its starts (`hosts`: a seed is the same run bit for bit only on the same kind of
-machine, rltldr_jax/host.py). `finished_runs(out)` reads every finished run of a grid directory, whichever
-process ran it.
+`summary.json` holds the run's final evaluation: no-insight Pass@1 on held-in training tasks and held-out tasks, the
+with-insight Pass@1 of its last training phases, environment steps and walltime, the final, selected and area-under-
+the-curve values of every evaluation set (`measures`; an offline run is evaluated once, after training, so its three
+are one value, and `final` keeps every number of that evaluation), the config it was trained with, and the machine of
+each of its starts (`hosts`: a seed is the same run bit for bit only on the same kind of machine, rltldr_jax/host.py).
+`finished_runs(out)` reads every finished run of a grid directory, whichever process ran it.
 """
 
 from __future__ import annotations
@@ -319,6 +320,8 @@ def summarize_run(run: Run, *, walltime_s: float, sft_metrics: Mapping[str, floa
     """The summary of a finished run (module docstring) from its metrics.jsonl (or the offline SFT metrics)."""
     records = read_metrics(run.workdir)
     evals = [r for r in records if r["kind"] == "eval"]
+    if sft_metrics is not None:  # an offline run: one evaluation, after training, in no metrics.jsonl
+        evals = [{k: v for k, v in sft_metrics.items() if k.startswith("eval")} | {"env_steps": 0}]
     final = dict(sft_metrics) if sft_metrics is not None else (evals[-1] if evals else {})
     phases = [r for r in records if r["kind"] == "phase"]
     insight = [r.get("rollout/pass@1/insight", math.nan) for r in phases]
@@ -334,7 +337,9 @@ def summarize_run(run: Run, *, walltime_s: float, sft_metrics: Mapping[str, floa
         "train_pass1_insight": _mean(insight),
         "env_steps": 0 if run.offline else int(phases[-1]["env_steps"]) if phases else 0,
         "walltime_s": walltime_s,
-        "final": {k: v for k, v in final.items() if k.startswith(("eval/", "eval_train/"))},
+        # an RL run's evaluations are in its metrics.jsonl; an offline run's one evaluation only here (every set,
+        # its probes included)
+        "final": {k: v for k, v in final.items() if k.startswith("eval" if run.offline else ("eval/", "eval_train/"))},
         # final / selected on held-in validation (eval.select_on) / area under the curve, of every evaluation set
         "measures": eval_measures(
             evals, select_on=f"eval_{run.config.eval.select_on}/pass@1/all" if run.config.eval.select_on else None

@@ -199,8 +199,17 @@ def split_columns(splits: Sequence[str]) -> list[str]:
 
 
 def split_values(summary: Mapping[str, Any], splits: Sequence[str]) -> list[float]:
-    """A summary's values of `split_columns(splits)` (NaN where it has none)."""
+    """A summary's values of `split_columns(splits)` (NaN where it has none).
+
+    An offline run summarised before its `measures` held its one evaluation (every set) kept only `eval/`, the
+    evaluation of `env.eval_split`: that set's three values are that one value (final = selected = AUC for a single
+    evaluation), its other sets NaN."""
     measures = summary.get("measures", {})
+    config = summary.get("config", {})
+    if config.get("mode") == "sft" and not measures.get("final"):
+        value = summary.get("final", {}).get("eval/pass@1/all", math.nan)
+        single = {f"eval_{config.get('env', {}).get('eval_split')}/pass@1/all": value}
+        measures = {"final": single, "selected": single, "auc": single}
     return [
         measures.get(measure, {}).get(f"eval_{split}/pass@1/all", math.nan)
         for split in splits
@@ -307,6 +316,72 @@ def _evals(workdir: str) -> list[dict[str, Any]]:
     return [r for r in read_metrics(workdir) if r["kind"] == "eval"]
 
 
+def evaluation_records(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A run's evaluation records, in order: an RL run's from its metrics.jsonl; an offline run's one evaluation from
+    its summary (`final`; in a summary from before it kept every set, only `eval/`, which is `env.eval_split`'s)."""
+    if summary.get("env_steps", 0) > 0:
+        return _evals(summary["workdir"])
+    final = dict(summary.get("final", {}))
+    split = summary.get("config", {}).get("env", {}).get("eval_split")
+    if split and not any(k.startswith(f"eval_{split}/") for k in final):
+        final |= {f"eval_{split}/{k.removeprefix('eval/')}": v for k, v in final.items() if k.startswith("eval/")}
+    return [final] if final else []
+
+
+#: eval_probes.csv's columns: one row per run, measure (the final evaluation, the one selected on validation),
+#: evaluation set and probe (the world's `EnvSpec.evaluation_probes`, logged as `eval_<set>/probe/<name>`).
+PROBE_COLUMNS = ("arm", "seed", "measure", "set", "probe", "value")
+
+
+def probe_rows(summaries: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> list[list[Any]]:
+    """The evaluation probes of every run on `splits`, at its final evaluation and at the one selected on held-in
+    validation (`measures.selected_index`; an offline run's one evaluation is both), as `PROBE_COLUMNS` rows."""
+    rows: list[list[Any]] = []
+    for s in summaries:
+        records = evaluation_records(s)
+        if not records:
+            continue
+        chosen = s.get("measures", {}).get("selected_index") if s.get("env_steps", 0) > 0 else 0
+        for measure, i in (("final", len(records) - 1), ("selected", chosen)):
+            if i is None or not 0 <= i < len(records):
+                continue
+            for key, value in sorted(records[i].items()):
+                prefix, probe, name = key.partition("/probe/")
+                split = prefix.removeprefix("eval_")
+                if probe and prefix.startswith("eval_") and split in splits:
+                    rows.append([s["arm"], s["seed"], measure, split, name, value])
+    return rows
+
+
+def _probe_order(name: str) -> tuple[int, str]:
+    """Per-rule success first, then the fix probe, then its per-item form (forge's names; others after, by name)."""
+    for rank, start in enumerate(("rule_", "fix/", "fix_")):
+        if name.startswith(start):
+            return rank, name
+    return 3, name
+
+
+def probes_table(rows: Sequence[Sequence[Any]], split: str, arms: Sequence[str], measure: str = "selected") -> str:
+    """Markdown: one row per probe of `split`, one column per arm: the mean over seeds in % (seeds with a value in
+    parentheses when fewer than the arm's), under `measure`."""
+    mine = [r for r in rows if r[3] == split and r[2] == measure]
+    names = sorted({r[4] for r in mine}, key=_probe_order)
+    present = [a for a in arms if any(r[0] == a for r in mine)]
+    seeds = {a: len({r[1] for r in mine if r[0] == a}) for a in present}
+    lines = [
+        "| probe | " + " | ".join(f"{a} ({seeds[a]})" for a in present) + " |",
+        "|---|" + "---|" * len(present),
+    ]
+    for name in names:
+        cells = []
+        for arm in present:
+            values = [r[5] for r in mine if r[0] == arm and r[4] == name and math.isfinite(r[5])]
+            mean = f"{100 * sum(values) / len(values):.1f}" if values else "–"
+            cells.append(mean if len(values) in (0, seeds[arm]) else f"{mean} ({len(values)})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def split_curves(
     summaries: Sequence[Mapping[str, Any]], split: str, evals: Mapping[str, list[dict[str, Any]]] | None = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -363,8 +438,8 @@ def write_results(
     notes: str = "",
     analysis: Analysis | None = None,
 ) -> list[str]:
-    """results.csv, results.md and curves.png in `out` (and split_curves.png when the runs measured evaluation sets);
-    returns their paths. `analysis` (a grid's pre-registered
+    """results.csv, results.md and curves.png in `out` (and split_curves.png when the runs measured evaluation sets,
+    eval_probes.csv when their world probes its evaluations); returns their paths. `analysis` (a grid's pre-registered
     analysis: the results as arm -> seed -> column -> value, and the base checks -> a markdown section) adds its
     section to results.md."""
     summaries = [{**s, "train_pass1_no_insight_best": best_train_pass1(s)} for s in summaries]
@@ -393,6 +468,23 @@ def write_results(
             "Curves per set: split_curves.png (mean over seeds, 95 % percentile-bootstrap band).",
             "",
         ]
+    probes = probe_rows(summaries, splits)
+    if probes:
+        paths.append(replaced(os.path.join(out, "eval_probes.csv"), lambda p: write_csv(p, PROBE_COLUMNS, probes)))
+        md += [
+            "## Evaluation probes (%): at the evaluation selected on validation, mean over seeds",
+            "",
+            "What the world measures of each no-insight evaluation attempt (its `evaluation_probes`; in `forge`:",
+            "`rule_<kind>/pass@1`, success on the tasks that gather an item of that kind; `fix/<class>`, the share of",
+            "gated gathers reached holding the right tool, a wrong one, every tool or none; `fix_<item>/<class>`, the",
+            "same for the first gather of a held-out gated item). Per seed, and at the final evaluation too:",
+            "eval_probes.csv. In parentheses: the runs (or, in a cell, the seeds) that have a value.",
+            "",
+        ]
+        arms = arm_order(summaries)
+        for split in splits:
+            if any(r[3] == split for r in probes):
+                md += [f"### {split}", "", probes_table(probes, split, arms), ""]
     if base:
         md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
     if analysis is not None:
