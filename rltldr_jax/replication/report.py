@@ -468,6 +468,15 @@ def write_results(
             "Curves per set: split_curves.png (mean over seeds, 95 % percentile-bootstrap band).",
             "",
         ]
+    if base:
+        md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
+    if analysis is not None:
+        table: dict[str, dict[int, dict[str, float]]] = {}
+        for row in rows:
+            values = dict(zip(columns, row, strict=True))
+            numbers = {k: v for k, v in values.items() if isinstance(v, int | float) and k not in ("arm", "seed")}
+            table.setdefault(values["arm"], {})[int(values["seed"])] = numbers
+        md += [analysis(table, base), ""]
     probes = probe_rows(summaries, splits)
     if probes:
         paths.append(replaced(os.path.join(out, "eval_probes.csv"), lambda p: write_csv(p, PROBE_COLUMNS, probes)))
@@ -485,15 +494,6 @@ def write_results(
         for split in splits:
             if any(r[3] == split for r in probes):
                 md += [f"### {split}", "", probes_table(probes, split, arms), ""]
-    if base:
-        md += ["## Base policy before RL (App. B): checks per seed", "", base_table(base), ""]
-    if analysis is not None:
-        table: dict[str, dict[int, dict[str, float]]] = {}
-        for row in rows:
-            values = dict(zip(columns, row, strict=True))
-            numbers = {k: v for k, v in values.items() if isinstance(v, int | float) and k not in ("arm", "seed")}
-            table.setdefault(values["arm"], {})[int(values["seed"])] = numbers
-        md += [analysis(table, base), ""]
     if notes:
         md += [notes, ""]
 
