@@ -20,6 +20,7 @@ import numpy as np
 
 from rltldr_jax.analysis.rollouts import new_figure, save_figure, write_csv
 from rltldr_jax.replication.grid import read_metrics
+from rltldr_jax.replication.measures import eval_measures
 from rltldr_jax.replication.stats import bootstrap_band
 
 COLUMNS = (
@@ -201,15 +202,12 @@ def split_columns(splits: Sequence[str]) -> list[str]:
 def split_values(summary: Mapping[str, Any], splits: Sequence[str]) -> list[float]:
     """A summary's values of `split_columns(splits)` (NaN where it has none).
 
-    An offline run summarised before its `measures` held its one evaluation (every set) kept only `eval/`, the
-    evaluation of `env.eval_split`: that set's three values are that one value (final = selected = AUC for a single
-    evaluation), its other sets NaN."""
+    An offline run summarised before its `measures` held its one evaluation gets them from that evaluation
+    (`evaluation_records`: only `env.eval_split`'s set was kept; final = selected = AUC for one evaluation)."""
     measures = summary.get("measures", {})
-    config = summary.get("config", {})
-    if config.get("mode") == "sft" and not measures.get("final"):
-        value = summary.get("final", {}).get("eval/pass@1/all", math.nan)
-        single = {f"eval_{config.get('env', {}).get('eval_split')}/pass@1/all": value}
-        measures = {"final": single, "selected": single, "auc": single}
+    if summary.get("config", {}).get("mode") == "sft" and not measures.get("final"):
+        measures = eval_measures(evaluation_records(summary))
+        measures["selected"] = measures["final"]
     return [
         measures.get(measure, {}).get(f"eval_{split}/pass@1/all", math.nan)
         for split in splits
