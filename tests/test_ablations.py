@@ -2,8 +2,9 @@
 on are on and those that must be off are off (issue: "no SFT gradient when λ = 0; no insight in any context under
 GRPO; the RLTF-FM term only on writer-context tokens"), and the offline SFT rows of Table 2 on saved rollouts.
 
-Every RL entry runs `Trainer.run_phase()` on the tiny preset (1 task, 2 attempts of 1 step, tiny budgets; the
-filters are off so that the all-failure group of a random policy still reaches every loss term), then checks:
+Every RL entry with a code path of its own (SAME_CODE_PATH_AS lists those that differ from another only in the size of
+a number) runs `Trainer.run_phase()` on the tiny preset (1 task, 2 attempts of 1 step, tiny budgets; the filters are
+off so that the all-failure group of a random policy still reaches every loss term), then checks:
 - the step's loss is exactly grpo_coef·L_GRPO + λ·L_SFT + writer_sft_coef·L_writer with the entry's coefficients (one
   optimizer step per phase), so a term whose weight is 0 contributes nothing;
 - what reached each term: insight tokens only when insights are in context (or in insights-only examples for
@@ -29,13 +30,58 @@ RL = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode")
 SFT = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") == "sft"]
 # One entry per code path runs by default (~15 s each on 2 cores; the defaults, `rltldr`, also run in
 # test_train_loop.py, and `grpo`'s path, insight.schedule=never, in the replication's smoke grid,
-# tests/test_replication.py); every entry runs with `pytest -m slow` (CI runs them; ~40 × 15 s): the others differ
-# from these only in coefficients, thresholds, content and generator.
+# tests/test_replication.py); the other entries with a code path of their own run with `pytest -m slow` (CI runs
+# them; ~25 CPU s each): these differ from the default ones in coefficients, thresholds, content and generator.
 DEFAULT = {"sge", "rltf_sd", "off_policy", "rltldr_rltf_fm", "sft_rollouts_100", "sftldr_dedup"}
+# Entries that differ from another entry, on the tiny preset, only in the size of a number (a coefficient, a threshold,
+# a cap on the insights kept, a rollout count), never in whether it is 0: they run that entry's code on other numbers,
+# so their own phase would check nothing new (in one tiny phase of 2 attempts, at most one insight exists and a random
+# policy's success rate is below every threshold). test_entries_that_share_a_code_path_differ_only_in_numbers checks
+# that each still does; an entry not listed here runs its own phase.
+SAME_CODE_PATH_AS = {
+    "lambda_0.01": "rltldr",
+    **{f"insights_{n}": "rltldr" for n in (1, 2, 4, 8, 16)},
+    **{f"fig4_ratio_{r}": "rltldr" for r in ("0.5", "1", "2", "5", "10", "100")},
+    "fig4_ratio_0": "no_grpo",
+    **{f"threshold_{t}_lambda_0.1": "rltldr" for t in ("0.1", "0.33", "0.5")},
+    "generator_nonthinking": "rltldr",  # the tiny preset's insights are written without thinking already
+    "teacher_nonthinking_nfb1": "teacher_nonthinking",
+    "teacher_thinking_nfb1": "teacher_thinking",
+    "sft_rollouts_1k": "sft_rollouts_100",
+}
 
 
 def _params(names):
-    return [pytest.param(n, marks=() if n in DEFAULT else pytest.mark.slow) for n in names]
+    return [
+        pytest.param(n, marks=() if n in DEFAULT else pytest.mark.slow) for n in names if n not in SAME_CODE_PATH_AS
+    ]
+
+
+def _code_path(name: str) -> tuple:
+    """Every key that some entry overrides, at entry `name`'s value on the tiny preset, with each number (not a
+    bool) replaced by whether it is 0: two entries with one code path run the same code on different numbers."""
+    config = ablations.apply(tiny_config(validate=False), name)
+    keys = sorted({key for a in ablations.ABLATIONS.values() for key in a.overrides})
+    path = []
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        path.append((key, ("zero" if value == 0 else "nonzero") if number else value))
+    return tuple(path)
+
+
+def test_entries_that_share_a_code_path_differ_only_in_numbers():
+    """Each entry of SAME_CODE_PATH_AS has the code path of the entry that runs for it (which itself runs), and every
+    entry that runs has a code path of its own: a new entry, or a change that gives a listed one a path of its own
+    (a new key, a 0), fails here until it runs its own phase."""
+    running = [name for name in ablations.ABLATIONS if name not in SAME_CODE_PATH_AS]
+    for name, twin in SAME_CODE_PATH_AS.items():
+        assert twin in running, (name, twin)
+        assert _code_path(name) == _code_path(twin), f"{name} no longer shares {twin}'s code path: let it run"
+    paths = [_code_path(name) for name in running]
+    assert len(set(paths)) == len(paths), "two running entries share a code path: list one in SAME_CODE_PATH_AS"
 
 
 @pytest.fixture(scope="module")
