@@ -208,7 +208,8 @@ def _sapi_tasks_generated_once():
 # them and the many short modules fill in at the end (with `--no-loadscope-reorder`; by default xdist would start
 # with the modules that hold the most tests, and end on a worker running the notebooks alone).
 # Order (--cpu-durations, 2026-12-05): the notebooks (the longest of `-m slow`), then the default run's modules by CPU
-# seconds, then modules whose cost is mostly in `-m slow`.
+# seconds, then modules whose cost is mostly in `-m slow` (the last five added from `-m slow`'s --cpu-durations of
+# 2026-12-07: 190-230 CPU s each, which had run last on one worker while the other sat idle).
 LONGEST_MODULES = (
     "test_notebooks.py",
     "test_replication.py",
@@ -229,6 +230,11 @@ LONGEST_MODULES = (
     "test_multihost.py",
     "test_device_benchmark.py",
     "test_initial_weights.py",
+    "test_pretrain_resume.py",
+    "test_seeds_benchmark.py",
+    "test_lora.py",
+    "test_lora_dropout.py",
+    "test_replication_v2.py",
 )
 
 
