@@ -47,6 +47,12 @@ TINY_RUN: dict[str, Any] = {
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def fake_devices_xla_flags(n: int) -> str:
+    """XLA_FLAGS for a process the tests start with `n` fake CPU devices: the suite's own flags (tests/conftest.py)
+    kept, the device count added."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
+
+
 def launch(
     name: str, *flags: str, cwd: str | os.PathLike | None = None, timeout: float = 1800
 ) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import fake_devices_xla_flags
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -291,7 +292,7 @@ def test_restore_onto_8_device_mesh_and_save_sharded(setup, tmp_path):
         )
     script = tmp_path / "reshard.py"
     script.write_text(RESHARD_SCRIPT)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = dict(os.environ, XLA_FLAGS=fake_devices_xla_flags(8), JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "b")],
         cwd=ROOT,

@@ -187,6 +187,7 @@ def _free_port() -> int:
 def runs(tmp_path_factory) -> dict[str, Any]:
     """Runs the pair and the single process at once; returns their results and the output directory."""
     import jax
+    from helpers import fake_devices_xla_flags
 
     out = str(tmp_path_factory.mktemp("multihost"))
     port = _free_port()
@@ -195,7 +196,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     cache = jax.config.jax_compilation_cache_dir  # conftest's on-disk cache of compiled programs: later runs reuse them
     if cache:
         base |= {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
-    pair_env = base | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    pair_env = base | {"XLA_FLAGS": fake_devices_xla_flags(4)}
     commands = [
         (
             [sys.executable, __file__, "pair", out],
@@ -203,7 +204,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             | {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
         ),
         ([sys.executable, __file__, "pair", out, str(port)], pair_env),
-        ([sys.executable, __file__, "single", out], base | {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}),
+        ([sys.executable, __file__, "single", out], base | {"XLA_FLAGS": fake_devices_xla_flags(8)}),
     ]
     procs = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import fake_devices_xla_flags
 
 from rltldr_jax import distributed, sharding
 from rltldr_jax.engines.engine import OnMainProcess
@@ -53,7 +54,7 @@ def test_indivisible_dimensions_stay_whole():
 
 
 def test_sharded_train_step_matches_single_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=fake_devices_xla_flags(8), JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tests", "scripts", "sharded_step.py")],
         cwd=ROOT,
