@@ -1,7 +1,7 @@
-"""Shared set-up: the on-disk compilation cache (for subprocesses too), the SAPI task lists generated once per
-session, the Qwen 3.5 tokenizer (~3 s to build), a tiny policy engine (compiling is the cost), and opt-in reports of
-where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1) and of the tests that use the most CPU (--cpu-durations=N).
-Config builders: tests/helpers.py."""
+"""Shared set-up: XLA compiling without LLVM's optimisations and the on-disk compilation cache (for subprocesses
+too), the SAPI task lists generated once per session, the Qwen 3.5 tokenizer (~3 s to build), a tiny policy engine
+(compiling is the cost), and opt-in reports of where JAX's seconds go (RLTLDR_TEST_COMPILE_REPORT=1) and of the tests
+that use the most CPU (--cpu-durations=N). Config builders: tests/helpers.py."""
 
 import dataclasses
 import functools
