@@ -2,6 +2,7 @@
 `rltldr` exactly in its keys, seeds per arm, the pretraining that writes insights, fixed evaluation sets, and its
 pre-registered analysis in the report."""
 
+import json
 import math
 import os
 
@@ -74,6 +75,35 @@ def test_the_grid_runs_each_arm_on_its_own_seeds():
     assert sorted(configs) == [("rltldr", 5), ("sftldr", 5)]
     configs = grid_configs(v2, "smoke", ["grpo", "sftldr"], [], {})
     assert sorted(configs) == [("grpo", 0), ("rltldr", 1), ("sftldr", 1)]
+
+
+def test_the_quick_preset_is_the_grids_seed_0_from_its_shipped_base_policy_without_the_analysis(tmp_path):
+    """`:quick` trains GRPO and RLTL;DR on seed 0 with the grid's settings, shorter, from the base policy of the grid's
+    seed 0 that ships with the package (nothing to pretrain); its one seed is no grid: no pre-registered analysis."""
+    from rltldr_jax.cli.replicate import _analysis
+    from rltldr_jax.train.pretrain import SHIPPED_DIR, pretrain, pretrain_key, shipped_dir
+
+    configs = grid_configs(v2, "quick", list(v2.GRIDS["quick"][0]), [], {"pretrain.cache_dir": str(tmp_path)})
+    assert sorted(configs) == [("grpo", 0), ("rltldr", 0)]
+    quick, grid = configs[("rltldr", 0)], v2.arm_config("default", "rltldr", 0)
+    assert quick.train.env_step_budget == 64 * v2.QUICK_PHASES < grid.train.env_step_budget
+    assert pretrain_key(quick) == pretrain_key(grid) and quick.loss.lam == grid.loss.lam == 0.5
+    path = shipped_dir(quick)
+    assert path is not None, f"no base policy for the grid's seed 0 in {SHIPPED_DIR}: copy it from the grid's archive"
+    assert pretrain(quick) == path and os.listdir(tmp_path) == []  # used as is: nothing pretrained
+    with open(os.path.join(path, "pretrain.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["key"] == pretrain_key(grid) and record["nll_curve"][-1][0] == grid.pretrain.steps == 4000
+    # the very weights of the grid's seed 0 (its archive, docs/replication/v2/grid/pretrained)
+    archived = os.path.join(
+        os.path.dirname(__file__), "..", "docs", "replication", "v2", "grid", "pretrained", os.path.basename(path)
+    )
+    with (
+        open(os.path.join(path, "model.safetensors"), "rb") as a,
+        open(os.path.join(archived, "model.safetensors"), "rb") as b,
+    ):
+        assert a.read() == b.read()
+    assert _analysis(v2, "quick") is None and _analysis(v2, "default") is v2.analysis is _analysis(v2, "smoke")
 
 
 def test_the_evaluation_sets_are_every_tier_whole_and_the_same_for_every_seed():

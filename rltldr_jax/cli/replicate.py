@@ -5,6 +5,7 @@
     python launch/replicate.py --config=configs/replicate.py --arms=grpo,lambda_0 --seeds=0,1 --out=runs/mine
     python launch/replicate.py --config=configs/replicate.py:quick --config.pretrain.steps=400   # any config key
     python launch/replicate.py --config=configs/replicate_v2.py                 # the second round's grid
+    python launch/replicate.py --config=configs/replicate_v2.py:quick           # ...its seed 0, grpo vs rltldr, 2 min
     python launch/replicate.py --config=configs/replicate_v2.py --pack=DIR      # its finished pieces, to carry on
     python launch/replicate.py --config=configs/replicate_v2.py --unpack=DIR    # ...restored on another machine
 
@@ -67,7 +68,8 @@ from rltldr_jax.config.replicate import grid_configs
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     default_config("replicate.py"),
-    "configs/replicate.py[:PRESET] (default, quick, gpu, smoke).",
+    "configs/replicate.py[:PRESET] (default, quick, gpu, smoke), or configs/replicate_v2.py[:PRESET] (default, quick, "
+    "pilot, smoke).",
     lock_config=True,
 )
 _ARMS = flags.DEFINE_string(
@@ -186,7 +188,7 @@ def main(argv: list[str]) -> None:
                 order=list(grid.ARMS),
                 title=title,
                 n_tasks=sizes.get("num_tasks"),
-                analysis=getattr(grid, "analysis", None),
+                analysis=_analysis(grid, preset),
                 elsewhere=elsewhere,
                 echo=lambda line: print(line, flush=True),
             )
@@ -212,7 +214,7 @@ def main(argv: list[str]) -> None:
             title=title,
             checks=getattr(grid, "CHECKS", {}).get(preset),
             order=list(grid.ARMS),
-            analysis=getattr(grid, "analysis", None),
+            analysis=_analysis(grid, preset),
             elsewhere=elsewhere,
             restart=_RESTART.value,
             jobs=jobs,
@@ -225,6 +227,14 @@ def main(argv: list[str]) -> None:
     for p in paths:
         print(f"  {p}")
     print(f"next:\n  tensorboard --logdir {os.path.join(out, 'runs')}\n  cat {os.path.join(out, 'results.md')}")
+
+
+def _analysis(grid, preset: str):
+    """The config's pre-registered analysis section of results.md (its `analysis`), for the presets it describes
+    (`ANALYSED_PRESETS`; every preset when it names none): a demonstration preset's one seed is no grid to analyse."""
+    if preset not in getattr(grid, "ANALYSED_PRESETS", (preset,)):
+        return None
+    return getattr(grid, "analysis", None)
 
 
 def _archive(configs: dict, out: str) -> None:

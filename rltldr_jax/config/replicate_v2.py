@@ -25,8 +25,10 @@ docs/replication/v2/preregistration.md, fixes the numbers reported):
   starts from a policy for which insight tokens are a learnt output.
 - λ = 0.5 for `rltldr`, the paper's (§3.3); `lambda_0` and `lambda_0.03` (round one's default) test it.
 
-Presets: `default` (the grid), `pilot` (the same, seeds >= 100, for choices made before the grid) and `smoke` (tiny
-budgets, for the tests). `GRIDS[preset]` = (arms, seeds), the seeds either one tuple for every arm or arm -> seeds.
+Presets: `default` (the grid), `pilot` (the same, seeds >= 100, for choices made before the grid), `quick` (GRPO and
+RLTL;DR on seed 0 from its shipped base policy, shorter: a demonstration in minutes, not part of the grid) and `smoke`
+(tiny budgets, for the tests). `GRIDS[preset]` = (arms, seeds), the seeds either one tuple for every arm or arm ->
+seeds.
 """
 
 from __future__ import annotations
@@ -106,18 +108,25 @@ GRIDS: dict[str, tuple[tuple[str, ...], tuple[int, ...] | Mapping[str, tuple[int
     "default": (PREREGISTERED_ARMS, GRID_SEEDS),
     # Pilots: seeds >= 100 only (never a seed of the grid), choices made on `valid` alone.
     "pilot": (("rltldr",), (100,)),
+    # The demonstration (minutes): GRPO and RLTL;DR on seed 0, whose base policy ships with the package.
+    "quick": (("grpo", "rltldr"), (0,)),
     # Two arms with their own seeds, one offline arm (reads rltldr's rollouts of its seed).
     "smoke": (("grpo", "rltldr", "sftldr"), {"grpo": (0,), "rltldr": (0, 1), "sftldr": (1,)}),
 }
 
+#: Presets whose report has the pre-registered analysis section (`analysis`): the grid and its reduced forms, not the
+#: one-seed demonstration.
+ANALYSED_PRESETS = ("default", "pilot", "smoke")
+
 #: preset -> runs at once (`--jobs`); 0: one per CPU core, at most 4.
-JOBS: dict[str, int] = {"default": 0, "pilot": 0, "smoke": 0}
+JOBS: dict[str, int] = {"default": 0, "pilot": 0, "quick": 0, "smoke": 0}
 
 #: preset -> sizes of the base policy's checks (replication/checks.py): Pass@64 = 0 is checked on every hard
 #: training task (0 = the whole split).
 CHECKS: dict[str, dict[str, int]] = {
     "default": {"iid_samples": 64, "num_tasks": 0},
     "pilot": {"iid_samples": 64, "num_tasks": 48},
+    "quick": {"iid_samples": 64, "num_tasks": 32},
     "smoke": {"iid_samples": 2, "num_tasks": 2},
 }
 
@@ -169,6 +178,33 @@ def _pilot(c) -> None:
     base.override(c, {"name": "replicate-v2-pilot"})
 
 
+#: RL phases of the quick preset: what fits two minutes on a 2-core CPU (measured 2026-12-07 from a cold compilation
+#: cache: 2.0 minutes with the base checks; 40 phases took 2.4).
+QUICK_PHASES = 30
+
+
+def _quick(c) -> None:
+    # The grid's settings and seed 0's base policy (shipped with the package: no pretraining), for QUICK_PHASES phases
+    # instead of 150, evaluated every 10 phases on the first `eval.split_tasks` tasks of each set instead of all. What
+    # it can show in that time is exploration: the base policy's i.i.d. Pass@64 = 0 against sequential insights, and
+    # RLTL;DR's training attempts succeeding (~10 % of them) where GRPO's never do. Not the no-insight gain: in the
+    # grid, rltldr's held-in (tier 1) no-insight Pass@1 at phase 30 was 0.5 % on average over its 20 seeds (0 in 10 of
+    # them) and ~4-5 % from phase 100 on.
+    _default(c)
+    base.override(
+        c,
+        {
+            "name": "replicate-v2-quick",
+            "train.env_step_budget": 64 * QUICK_PHASES,
+            "eval.every": 10,
+            "eval.split_tasks": 32,
+            "eval.train_num_tasks": 32,
+            "train.checkpoint_every": 10,
+            "train.keep_checkpoints": 2,
+        },
+    )
+
+
 def _smoke(c) -> None:
     _default(c)
     base.override(
@@ -183,11 +219,11 @@ def _smoke(c) -> None:
     )
 
 
-PRESETS = {"default": _default, "pilot": _pilot, "smoke": _smoke}
+PRESETS = {"default": _default, "pilot": _pilot, "quick": _quick, "smoke": _smoke}
 
 
 def get_config(preset: str | None = None):
-    """`preset`: default | pilot | smoke."""
+    """`preset`: default | pilot | quick | smoke."""
     return base.from_presets(PRESETS, preset, default="default")
 
 
