@@ -2,6 +2,7 @@
 `rltldr` exactly in its keys, seeds per arm, the pretraining that writes insights, fixed evaluation sets, and its
 pre-registered analysis in the report."""
 
+import filecmp
 import json
 import math
 import os
@@ -98,11 +99,8 @@ def test_the_quick_preset_is_the_grids_seed_0_from_its_shipped_base_policy_witho
     archived = os.path.join(
         os.path.dirname(__file__), "..", "docs", "replication", "v2", "grid", "pretrained", os.path.basename(path)
     )
-    with (
-        open(os.path.join(path, "model.safetensors"), "rb") as a,
-        open(os.path.join(archived, "model.safetensors"), "rb") as b,
-    ):
-        assert a.read() == b.read()
+    weights = "model.safetensors"
+    assert filecmp.cmp(os.path.join(path, weights), os.path.join(archived, weights), shallow=False)
     assert _analysis(v2, "quick") is None and _analysis(v2, "default") is v2.analysis is _analysis(v2, "smoke")
 
 
