@@ -11,7 +11,7 @@ import pytest
 
 from rltldr_jax.config import base
 from rltldr_jax.config import replicate_v2 as v2
-from rltldr_jax.config.replicate import grid_configs
+from rltldr_jax.config.replicate import grid_analysis, grid_configs
 from rltldr_jax.settings import as_dict
 from rltldr_jax.train.pretrain import pretrained_dir
 
@@ -81,7 +81,6 @@ def test_the_grid_runs_each_arm_on_its_own_seeds():
 def test_the_quick_preset_is_the_grids_seed_0_from_its_shipped_base_policy_without_the_analysis(tmp_path):
     """`:quick` trains GRPO and RLTL;DR on seed 0 with the grid's settings, shorter, from the base policy of the grid's
     seed 0 that ships with the package (nothing to pretrain); its one seed is no grid: no pre-registered analysis."""
-    from rltldr_jax.cli.replicate import _analysis
     from rltldr_jax.train.pretrain import SHIPPED_DIR, pretrain, pretrain_key, shipped_dir
 
     configs = grid_configs(v2, "quick", list(v2.GRIDS["quick"][0]), [], {"pretrain.cache_dir": str(tmp_path)})
@@ -101,7 +100,8 @@ def test_the_quick_preset_is_the_grids_seed_0_from_its_shipped_base_policy_witho
     )
     weights = "model.safetensors"
     assert filecmp.cmp(os.path.join(path, weights), os.path.join(archived, weights), shallow=False)
-    assert _analysis(v2, "quick") is None and _analysis(v2, "default") is v2.analysis is _analysis(v2, "smoke")
+    assert grid_analysis(v2, "quick") is None
+    assert grid_analysis(v2, "default") is v2.analysis is grid_analysis(v2, "smoke")
 
 
 def test_the_evaluation_sets_are_every_tier_whole_and_the_same_for_every_seed():

@@ -63,7 +63,7 @@ from ml_collections import config_flags
 
 from rltldr_jax.cli.common import as_main, default_config, define_path, quiet_logging, run_launcher, use_compile_cache
 from rltldr_jax.config import base
-from rltldr_jax.config.replicate import grid_configs
+from rltldr_jax.config.replicate import grid_analysis, grid_configs
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -188,7 +188,7 @@ def main(argv: list[str]) -> None:
                 order=list(grid.ARMS),
                 title=title,
                 n_tasks=sizes.get("num_tasks"),
-                analysis=_analysis(grid, preset),
+                analysis=grid_analysis(grid, preset),
                 elsewhere=elsewhere,
                 echo=lambda line: print(line, flush=True),
             )
@@ -214,7 +214,7 @@ def main(argv: list[str]) -> None:
             title=title,
             checks=getattr(grid, "CHECKS", {}).get(preset),
             order=list(grid.ARMS),
-            analysis=_analysis(grid, preset),
+            analysis=grid_analysis(grid, preset),
             elsewhere=elsewhere,
             restart=_RESTART.value,
             jobs=jobs,
@@ -227,14 +227,6 @@ def main(argv: list[str]) -> None:
     for p in paths:
         print(f"  {p}")
     print(f"next:\n  tensorboard --logdir {os.path.join(out, 'runs')}\n  cat {os.path.join(out, 'results.md')}")
-
-
-def _analysis(grid, preset: str):
-    """The config's pre-registered analysis section of results.md (its `analysis`), for the presets it describes
-    (`ANALYSED_PRESETS`; every preset when it names none): a demonstration preset's one seed is no grid to analyse."""
-    if preset not in getattr(grid, "ANALYSED_PRESETS", (preset,)):
-        return None
-    return getattr(grid, "analysis", None)
 
 
 def _archive(configs: dict, out: str) -> None:

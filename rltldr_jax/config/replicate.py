@@ -261,3 +261,11 @@ def grid_configs(
         if ("rltldr", seed) not in configs
     }
     return configs
+
+
+def grid_analysis(grid: Any, preset: str) -> Any:
+    """A grid module's pre-registered analysis section of results.md (its `analysis`), for the presets it describes
+    (`ANALYSED_PRESETS`; every preset when it names none): a demonstration preset's one seed is no grid to analyse."""
+    if preset not in getattr(grid, "ANALYSED_PRESETS", (preset,)):
+        return None
+    return getattr(grid, "analysis", None)
