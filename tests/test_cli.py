@@ -180,3 +180,32 @@ def test_help_lists_the_launchers_own_flags_and_exits_0(name):
     listed = {m.group(1) for m in re.finditer(r"^\s+(--[a-z_]+)(?:\[|:|,| )", out.stdout.replace("--[no]", "--"), re.M)}
     assert set(HELP_FLAGS[name]) <= listed, (name, sorted(listed))
     assert "launch/delta_theta.pyhare" not in out.stdout  # (absl's usage text substituted `%s` in "1% share")
+
+
+def _launchers_imported_in_process() -> set[str]:
+    """The launcher modules some test module imports into the test process (not in a subprocess's code string)."""
+    names = set()
+    for f in os.listdir(os.path.join(ROOT, "tests")):
+        if not f.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, "tests", f), encoding="utf-8").read())):
+            if isinstance(node, ast.ImportFrom) and node.module == "rltldr_jax.cli":
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rltldr_jax.cli."):
+                names.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and str(arg.value).startswith("rltldr_jax.cli."):
+                    names.add(arg.value.split(".")[2])
+    return names - {"common", "multihost"}
+
+
+def test_the_launchers_tests_import_in_process_coexist_in_one_process():
+    """pytest-xdist puts any test modules on one worker, so every launcher a test imports in-process must import
+    beside the others: a launcher that defines its flags on absl's global FLAGS at import (`--out`, `--checkpoint`)
+    clashes with another that does (DuplicateFlagError, which once failed CI); such tests run it in a subprocess."""
+    imported = sorted(_launchers_imported_in_process())
+    assert {"delta_theta", "export_hf", "serve"} <= set(imported)  # (the scan finds them)
+    code = "import importlib\n" + "".join(f"importlib.import_module('rltldr_jax.cli.{n}')\n" for n in imported)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
