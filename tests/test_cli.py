@@ -193,6 +193,8 @@ def _launchers_imported_in_process() -> set[str]:
                 names |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rltldr_jax.cli."):
                 names.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.split(".")[2] for a in node.names if a.name.startswith("rltldr_jax.cli.")}
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
                 arg = node.args[0]
                 if isinstance(arg, ast.Constant) and str(arg.value).startswith("rltldr_jax.cli."):
