@@ -30,8 +30,8 @@ RL = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode")
 SFT = [name for name, a in ablations.ABLATIONS.items() if a.overrides.get("mode") == "sft"]
 # One entry per code path runs by default (~15 s each on 2 cores; the defaults, `rltldr`, also run in
 # test_train_loop.py, and `grpo`'s path, insight.schedule=never, in the replication's smoke grid,
-# tests/test_replication.py); the other entries with a code path of their own run with `pytest -m slow` (CI runs
-# them; ~25 CPU s each): these differ from the default ones in coefficients, thresholds, content and generator.
+# tests/test_replication.py); the other entries with a code path of their own run with `pytest -m slow` (~25 CPU
+# s each): these differ from the default ones in coefficients, thresholds, content and generator.
 DEFAULT = {"sge", "rltf_sd", "off_policy", "rltldr_rltf_fm", "sft_rollouts_100", "sftldr_dedup"}
 # Entries that differ from another entry, on the tiny preset, only in the size of a number (a coefficient, a threshold,
 # a cap on the insights kept, a rollout count), never in whether it is 0: they run that entry's code on other numbers,

@@ -31,7 +31,7 @@ def _row(lines: list[str], name: str, columns: int) -> list[float]:
     return numbers
 
 
-@pytest.mark.slow  # ~60 s on 2 cores (the whole benchmark at tiny shapes); CI runs it (`pytest -m slow`)
+@pytest.mark.slow  # ~60 s on 2 cores (the whole benchmark at tiny shapes); `pytest -m slow` runs it
 def test_smoke_prints_every_row(tmp_path):
     bench = _benchmark()
     lines: list[str] = []

@@ -46,7 +46,7 @@ def test_peak_table(device_module):
     assert device_module.peak_tflops(Kind("cpu")) is None
 
 
-@pytest.mark.slow  # ~80 s on 2 cores (the whole benchmark at tiny shapes); CI runs it (`pytest -m slow`)
+@pytest.mark.slow  # ~80 s on 2 cores (the whole benchmark at tiny shapes); `pytest -m slow` runs it
 def test_smoke_run_prints_the_table(device_module, tmp_path, capsys):
     rows = device_module.main(["--smoke", "--out", str(tmp_path), "--budget-s", "3600"])
     by_key = {r.key: r for r in rows}

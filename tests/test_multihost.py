@@ -25,7 +25,7 @@ TIMEOUT_S = 300
 # The model (tiny, 512 ids, 2 layers), batch (A micro-batches of M rows of T tokens) and mesh of the step.
 A, M, T = 2, 4, 32
 MESH = {"data": 1, "fsdp": 4, "tensor": 2}  # fsdp spans both processes (4 devices each), tensor stays inside one
-# ~70 s on 2 cores (three JAX processes start and compile the step): opt-in, `pytest -m slow`; CI runs it.
+# ~70 s on 2 cores (three JAX processes start and compile the step): opt-in, `pytest -m slow`.
 pytestmark = pytest.mark.slow
 
 

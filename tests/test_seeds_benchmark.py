@@ -22,7 +22,7 @@ def seeds(monkeypatch):
     return seeds
 
 
-@pytest.mark.slow  # ~40 s on 2 cores (three train-step programs compiled); CI runs it (`pytest -m slow`)
+@pytest.mark.slow  # ~40 s on 2 cores (three train-step programs compiled); `pytest -m slow` runs it
 def test_stacked_seeds_are_independent_real_steps_and_the_table_runs(seeds):
     from rltldr_jax.models.presets import get_preset
     from rltldr_jax.models.qwen3_5 import Qwen35
